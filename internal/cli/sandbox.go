@@ -1,0 +1,248 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"text/tabwriter"
+	"time"
+)
+
+// maxListPages guards against a daemon that never stops paging.
+const maxListPages = 10000
+
+func (a *app) sandbox(ctx context.Context, args []string) error {
+	fs := a.flagSet("sandbox")
+	rest, err := parseArgs(fs, args, 1)
+	if err != nil {
+		return flagError(err, usageSandbox)
+	}
+	if len(rest) == 0 {
+		return &usageError{msg: "missing sandbox subcommand", usage: usageSandbox}
+	}
+	switch rest[0] {
+	case "create":
+		return a.sandboxCreate(ctx, rest[1:])
+	case "list", "ls":
+		return a.sandboxList(ctx, rest[1:])
+	case "kill", "rm":
+		return a.sandboxKill(ctx, rest[1:])
+	}
+	return &usageError{msg: fmt.Sprintf("unknown sandbox subcommand %q", rest[0]), usage: usageSandbox}
+}
+
+// createRequest is NewSandboxV2 (spec §2.4.1).
+type createRequest struct {
+	TemplateID string            `json:"templateID"`
+	Timeout    int               `json:"timeout"`
+	Metadata   map[string]string `json:"metadata"`
+	EnvVars    map[string]string `json:"envVars"`
+}
+
+func (a *app) sandboxCreate(ctx context.Context, args []string) error {
+	fs := a.flagSet("sandbox create")
+	var env, meta kvFlag
+	template := fs.String("template", "base", "")
+	timeout := fs.Int("timeout", 300, "")
+	fs.Var(&env, "env", "")
+	fs.Var(&meta, "metadata", "")
+	pos, err := parseArgs(fs, args, 0)
+	if err != nil {
+		return flagError(err, usageCreate)
+	}
+	if len(pos) > 0 {
+		return &usageError{msg: fmt.Sprintf("unexpected argument %q", pos[0]), usage: usageCreate}
+	}
+	if *timeout <= 0 {
+		return &usageError{msg: "--timeout must be positive", usage: usageCreate}
+	}
+	c, err := a.client()
+	if err != nil {
+		return err
+	}
+	req := createRequest{TemplateID: *template, Timeout: *timeout, Metadata: meta.orEmpty(), EnvVars: env.orEmpty()}
+	var raw json.RawMessage
+	if _, err := c.do(ctx, http.MethodPost, "/v2/sandboxes", nil, req, &raw); err != nil {
+		return err
+	}
+	if a.g.json {
+		return a.printJSON(raw)
+	}
+	var sb sandboxInfo
+	if err := json.Unmarshal(raw, &sb); err != nil || sb.SandboxID == "" {
+		return fmt.Errorf("decoding create response: no sandboxID in %s", raw)
+	}
+	fmt.Fprintln(a.stdout, sb.SandboxID)
+	return nil
+}
+
+// printJSON writes a JSON document indented, followed by a newline.
+func (a *app) printJSON(raw json.RawMessage) error {
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, raw, "", "  "); err != nil {
+		return fmt.Errorf("formatting JSON: %w", err)
+	}
+	buf.WriteByte('\n')
+	_, err := a.stdout.Write(buf.Bytes())
+	return err
+}
+
+// listedSandbox is the part of ListedSandbox (spec §2.4.4) the table shows.
+type listedSandbox struct {
+	SandboxID  string `json:"sandboxID"`
+	TemplateID string `json:"templateID"`
+	Alias      string `json:"alias"`
+	State      string `json:"state"`
+	StartedAt  string `json:"startedAt"`
+	EndAt      string `json:"endAt"`
+}
+
+func (a *app) sandboxList(ctx context.Context, args []string) error {
+	fs := a.flagSet("sandbox list")
+	var meta kvFlag
+	state := fs.String("state", "", "")
+	fs.Var(&meta, "metadata", "")
+	pos, err := parseArgs(fs, args, 0)
+	if err != nil {
+		return flagError(err, usageList)
+	}
+	if len(pos) > 0 {
+		return &usageError{msg: fmt.Sprintf("unexpected argument %q", pos[0]), usage: usageList}
+	}
+	c, err := a.client()
+	if err != nil {
+		return err
+	}
+	items, err := c.listAll(ctx, listQuery(*state, meta.m))
+	if err != nil {
+		return err
+	}
+	if a.g.json {
+		raw, err := json.Marshal(items)
+		if err != nil {
+			return fmt.Errorf("encoding list: %w", err)
+		}
+		return a.printJSON(raw)
+	}
+	return a.printSandboxTable(items)
+}
+
+// listQuery builds the GET /v2/sandboxes query (spec §2.4.5): metadata is
+// itself a URL-encoded k=v&k2=v2 string.
+func listQuery(state string, meta map[string]string) url.Values {
+	q := url.Values{}
+	if state != "" {
+		q.Set("state", state)
+	}
+	if len(meta) > 0 {
+		m := url.Values{}
+		for k, v := range meta {
+			m.Set(k, v)
+		}
+		q.Set("metadata", m.Encode())
+	}
+	return q
+}
+
+// listAll fetches every page, following X-Next-Token.
+func (c *apiClient) listAll(ctx context.Context, q url.Values) ([]json.RawMessage, error) {
+	all := []json.RawMessage{}
+	seen := map[string]bool{}
+	for range maxListPages {
+		var page []json.RawMessage
+		h, err := c.do(ctx, http.MethodGet, "/v2/sandboxes", q, nil, &page)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, page...)
+		next := h.Get("X-Next-Token")
+		if next == "" {
+			return all, nil
+		}
+		if seen[next] {
+			return nil, fmt.Errorf("listing sandboxes: daemon repeated page token %q", next)
+		}
+		seen[next] = true
+		q.Set("nextToken", next)
+	}
+	return nil, fmt.Errorf("listing sandboxes: more than %d pages", maxListPages)
+}
+
+func (a *app) printSandboxTable(items []json.RawMessage) error {
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tTEMPLATE\tSTATE\tSTARTED\tENDS")
+	for _, raw := range items {
+		var s listedSandbox
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return fmt.Errorf("decoding listed sandbox: %w", err)
+		}
+		template := s.TemplateID
+		if s.Alias != "" {
+			template = s.Alias
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.SandboxID, template, s.State, shortTime(s.StartedAt), shortTime(s.EndAt))
+	}
+	return tw.Flush()
+}
+
+// shortTime renders an RFC 3339 time in UTC to the second; other strings
+// are shown as they are.
+func shortTime(s string) string {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return s
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// killResult is one line of `sandbox kill --json`.
+type killResult struct {
+	SandboxID string `json:"sandboxID"`
+	Killed    bool   `json:"killed"`
+	Error     string `json:"error,omitempty"`
+}
+
+func (a *app) sandboxKill(ctx context.Context, args []string) error {
+	fs := a.flagSet("sandbox kill")
+	ids, err := parseArgs(fs, args, 0)
+	if err != nil {
+		return flagError(err, usageKill)
+	}
+	if len(ids) == 0 {
+		return &usageError{msg: "missing sandbox id", usage: usageKill}
+	}
+	c, err := a.client()
+	if err != nil {
+		return err
+	}
+	results := make([]killResult, 0, len(ids))
+	failed := false
+	for _, id := range ids {
+		_, err := c.do(ctx, http.MethodDelete, "/sandboxes/"+url.PathEscape(id), nil, nil, nil)
+		r := killResult{SandboxID: id, Killed: err == nil}
+		if err != nil {
+			failed = true
+			r.Error = err.Error()
+			fmt.Fprintf(a.stderr, "cellfork: killing %s: %s\n", id, err)
+		} else if !a.g.json {
+			fmt.Fprintln(a.stdout, id)
+		}
+		results = append(results, r)
+	}
+	if a.g.json {
+		raw, err := json.Marshal(results)
+		if err != nil {
+			return fmt.Errorf("encoding results: %w", err)
+		}
+		if err := a.printJSON(raw); err != nil {
+			return err
+		}
+	}
+	if failed {
+		return &exitError{code: 1}
+	}
+	return nil
+}
