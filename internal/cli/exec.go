@@ -108,10 +108,14 @@ func (a *app) exec(ctx context.Context, args []string) error {
 		}
 		return nil
 	}
-	if pid != 0 && runCtx.Err() != nil {
+	// The deadline travels as connect-timeout-ms, so the server may end the
+	// stream with deadline_exceeded just before our own context expires.
+	timedOut := ctx.Err() == nil && (errors.Is(runCtx.Err(), context.DeadlineExceeded) ||
+		(o.timeout > 0 && connect.CodeOf(err) == connect.CodeDeadlineExceeded))
+	if pid != 0 && (timedOut || ctx.Err() != nil) {
 		killRemote(context.WithoutCancel(ctx), pc, o, token, pid)
 	}
-	if ctx.Err() == nil && errors.Is(runCtx.Err(), context.DeadlineExceeded) {
+	if timedOut {
 		return fmt.Errorf("command timed out after %ds", o.timeout)
 	}
 	return rpcError(err, capture)

@@ -226,7 +226,7 @@ func (a *app) sandboxKill(ctx context.Context, args []string) error {
 		if err != nil {
 			failed = true
 			r.Error = err.Error()
-			fmt.Fprintf(a.stderr, "cellfork: killing %s: %s\n", id, err)
+			fmt.Fprintf(a.stderr, "cellfork: %s\n", err)
 		} else if !a.g.json {
 			fmt.Fprintln(a.stdout, id)
 		}
