@@ -1,0 +1,94 @@
+// Package envd is the envd half of the in-sandbox agent: the Connect
+// services process.Process and filesystem.Filesystem, and the plain HTTP
+// endpoints /health, /files, /init, /envs and /metrics, wire-compatible with
+// E2B envd 0.6.x (see /work/shared/spec/e2b-compat.md §4).
+//
+// The agent runs as root; every request acts for a user chosen by
+// `Authorization: Basic base64("name:")` (RPCs) or `?username=` (/files),
+// else the default user of the Settings. The daemon authenticates callers,
+// so nothing here checks access tokens.
+package envd
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"strconv"
+
+	"github.com/cellfork/cellfork/internal/agent"
+	"github.com/cellfork/cellfork/internal/envd/filesystem/filesystemconnect"
+	"github.com/cellfork/cellfork/internal/envd/process/processconnect"
+)
+
+// defaultMaxUpload is the per-request upload limit without
+// CELLFORK_MAX_UPLOAD_BYTES.
+const defaultMaxUpload int64 = 1 << 30
+
+// maxInitBody bounds the POST /init body.
+const maxInitBody = 1 << 20
+
+// New returns the handler of the envd port (49983). Its processes and
+// watchers live as long as the returned handler.
+func New(s *agent.Settings) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(processconnect.NewProcessHandler(newProcessService(s)))
+	mux.Handle(filesystemconnect.NewFilesystemHandler(newFSService(s)))
+
+	files := &filesHandler{settings: s, maxUpload: maxUploadBytes()}
+	mux.HandleFunc("GET /files", files.download)
+	mux.HandleFunc("POST /files", files.upload)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("POST /init", func(w http.ResponseWriter, r *http.Request) { handleInit(s, w, r) })
+	mux.HandleFunc("GET /envs", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(s.Envs())
+	})
+	mux.Handle("GET /metrics", &metricsHandler{procRoot: "/proc"})
+	return mux
+}
+
+// maxUploadBytes reads CELLFORK_MAX_UPLOAD_BYTES (a positive byte count).
+func maxUploadBytes() int64 {
+	if n, err := strconv.ParseInt(os.Getenv("CELLFORK_MAX_UPLOAD_BYTES"), 10, 64); err == nil && n > 0 {
+		return n
+	}
+	return defaultMaxUpload
+}
+
+// initRequest is the part of upstream's POST /init body the agent uses.
+type initRequest struct {
+	EnvVars        map[string]string `json:"envVars"`
+	DefaultUser    string            `json:"defaultUser"`
+	DefaultWorkdir string            `json:"defaultWorkdir"`
+}
+
+func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) {
+	var req initRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxInitBody)).Decode(&req); err != nil {
+		writeError(w, "init", invalidf("decoding init body: %v", err))
+		return
+	}
+	for k, v := range req.EnvVars {
+		if !validEnvKey(k) || containsNUL(v) {
+			writeError(w, "init", invalidf("invalid environment variable %q", k))
+			return
+		}
+	}
+	if req.DefaultWorkdir != "" && req.DefaultWorkdir[0] != '/' {
+		writeError(w, "init", invalidf("defaultWorkdir must be absolute, got %q", req.DefaultWorkdir))
+		return
+	}
+	s.Init(req.DefaultUser, req.DefaultWorkdir, req.EnvVars)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func containsNUL(s string) bool {
+	for i := range len(s) {
+		if s[i] == 0 {
+			return true
+		}
+	}
+	return false
+}

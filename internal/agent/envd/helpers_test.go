@@ -1,0 +1,79 @@
+package envd
+
+import (
+	"context"
+	"encoding/base64"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cellfork/cellfork/internal/agent"
+	"github.com/cellfork/cellfork/internal/envd/filesystem/filesystemconnect"
+	"github.com/cellfork/cellfork/internal/envd/process/processconnect"
+)
+
+// env is one in-process agent driven through the generated Connect clients
+// with the JSON codec, as the Python SDK does.
+type env struct {
+	t        *testing.T
+	dir      string // default workdir, a fresh temp dir
+	settings *agent.Settings
+	srv      *httptest.Server
+	proc     processconnect.ProcessClient
+	fs       filesystemconnect.FilesystemClient
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the agent tests need root (setuid, chown)")
+	}
+	dir := t.TempDir()
+	s := agent.NewSettings()
+	// The host has no user `user`: run as root with the temp dir as workdir.
+	s.Init("root", dir, map[string]string{"CELLFORK_GLOBAL": "g"})
+	srv := httptest.NewServer(New(s))
+	t.Cleanup(srv.Close)
+	return &env{
+		t: t, dir: dir, settings: s, srv: srv,
+		proc: processconnect.NewProcessClient(srv.Client(), srv.URL, connect.WithProtoJSON()),
+		fs:   filesystemconnect.NewFilesystemClient(srv.Client(), srv.URL, connect.WithProtoJSON()),
+	}
+}
+
+// asUser sets the user-selection header the SDK sends.
+func asUser(h http.Header, name string) {
+	h.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(name+":")))
+}
+
+// poll retries cond until it holds or the deadline passes.
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func wantCode(t *testing.T, err error, code connect.Code) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("got no error, want %v", code)
+	}
+	if got := connect.CodeOf(err); got != code {
+		t.Fatalf("got %v (%v), want %v", got, err, code)
+	}
+}

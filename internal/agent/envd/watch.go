@@ -1,0 +1,334 @@
+package envd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/cellfork/cellfork/internal/envd/filesystem"
+)
+
+// maxPolledEvents bounds the events a polling watcher keeps between two
+// GetWatcherEvents calls; older events are dropped first.
+const maxPolledEvents = 10000
+
+// Filesystem magic numbers of network filesystems (linux/magic.h), which
+// are refused unless allowNetworkMounts is set, as in upstream envd.
+var networkMagics = map[int64]bool{0x6969: true, 0xFF534D42: true, 0x517B: true, 0xFE534D42: true, 0x65735546: true}
+
+// dirWatcher turns fsnotify events under root into FilesystemEvents,
+// adding watches for new subdirectories when recursive. Safe for
+// concurrent use.
+type dirWatcher struct {
+	root         string
+	recursive    bool
+	includeEntry bool
+	w            *fsnotify.Watcher
+	events       chan *filesystem.FilesystemEvent // closed when the watcher stops
+	errs         chan error                       // at most one error
+	stop         chan struct{}
+	stopOnce     sync.Once
+}
+
+type watchOptions struct {
+	path                                  string
+	recursive, includeEntry, allowNetwork bool
+}
+
+func newDirWatcher(o watchOptions) (*dirWatcher, error) {
+	fi, err := os.Stat(o.path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			return nil, notFoundf("path not found: %s", o.path)
+		}
+		return nil, fmt.Errorf("stating %s: %w", o.path, err)
+	}
+	if !fi.IsDir() {
+		return nil, invalidf("path is not a directory: %s", o.path)
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(o.path, &st); err == nil && networkMagics[int64(st.Type)] && !o.allowNetwork {
+		return nil, invalidf("cannot watch %s: it is on a network filesystem", o.path)
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, fmt.Errorf("creating watcher: %w", err)
+	}
+	d := &dirWatcher{
+		root: o.path, recursive: o.recursive, includeEntry: o.includeEntry, w: w,
+		events: make(chan *filesystem.FilesystemEvent, 256),
+		errs:   make(chan error, 1),
+		stop:   make(chan struct{}),
+	}
+	if err := w.Add(o.path); err != nil {
+		_ = w.Close()
+		return nil, fmt.Errorf("watching %s: %w", o.path, err)
+	}
+	if o.recursive {
+		d.addTree(o.path, false)
+	}
+	go d.run()
+	return d, nil
+}
+
+// close stops the watcher; events is closed soon after.
+func (d *dirWatcher) close() {
+	d.stopOnce.Do(func() {
+		close(d.stop)
+		_ = d.w.Close()
+	})
+}
+
+// addTree watches the directories below dir. With announce, it also emits
+// CREATE for everything found, since entries created before the watch was
+// set up produce no event of their own (`mkdir -p a/b/c`).
+func (d *dirWatcher) addTree(dir string, announce bool) {
+	_ = filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return nil
+		}
+		if announce {
+			d.emit(p, fsnotify.Create)
+		}
+		if e.IsDir() {
+			_ = d.w.Add(p) // best effort: inotify watch limits
+		}
+		return nil
+	})
+}
+
+func (d *dirWatcher) run() {
+	defer close(d.events)
+	for {
+		select {
+		case ev, ok := <-d.w.Events:
+			if !ok {
+				return
+			}
+			d.handle(ev)
+		case err, ok := <-d.w.Errors:
+			if !ok {
+				return
+			}
+			select {
+			case d.errs <- fmt.Errorf("watching %s: %w", d.root, err):
+			default:
+			}
+		case <-d.stop:
+			return
+		}
+	}
+}
+
+func (d *dirWatcher) handle(ev fsnotify.Event) {
+	d.emit(ev.Name, ev.Op)
+	if !d.recursive {
+		return
+	}
+	if ev.Has(fsnotify.Create) {
+		if fi, err := os.Lstat(ev.Name); err == nil && fi.IsDir() {
+			_ = d.w.Add(ev.Name)
+			d.addTree(ev.Name, true)
+		}
+	}
+	if ev.Has(fsnotify.Rename) || ev.Has(fsnotify.Remove) {
+		_ = d.w.Remove(ev.Name) // the new name arrives as a Create
+	}
+}
+
+var eventTypes = []struct {
+	op fsnotify.Op
+	t  filesystem.EventType
+}{
+	{fsnotify.Create, filesystem.EventType_EVENT_TYPE_CREATE},
+	{fsnotify.Rename, filesystem.EventType_EVENT_TYPE_RENAME},
+	{fsnotify.Chmod, filesystem.EventType_EVENT_TYPE_CHMOD},
+	{fsnotify.Write, filesystem.EventType_EVENT_TYPE_WRITE},
+	{fsnotify.Remove, filesystem.EventType_EVENT_TYPE_REMOVE},
+}
+
+// emit sends one FilesystemEvent per operation in op.
+func (d *dirWatcher) emit(path string, op fsnotify.Op) {
+	name, err := filepath.Rel(d.root, path)
+	if err != nil {
+		return
+	}
+	var entry *filesystem.EntryInfo
+	if d.includeEntry {
+		if fi, err := os.Lstat(path); err == nil {
+			entry = entryFromInfo(path, fi, newIDNames())
+		}
+	}
+	for _, et := range eventTypes {
+		if !op.Has(et.op) {
+			continue
+		}
+		select {
+		case d.events <- &filesystem.FilesystemEvent{Name: name, Type: et.t, Entry: entry}:
+		case <-d.stop:
+			return
+		}
+	}
+}
+
+// WatchDir streams filesystem events under a directory: start{} first, then
+// events and keepalives until the client goes away.
+func (s *fsService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
+	d, err := s.openWatcher(req.Header(), watchOptions{
+		path: req.Msg.GetPath(), recursive: req.Msg.GetRecursive(),
+		includeEntry: req.Msg.GetIncludeEntry(), allowNetwork: req.Msg.GetAllowNetworkMounts(),
+	})
+	if err != nil {
+		return connectError("WatchDir", err)
+	}
+	defer d.close()
+	if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Start{Start: &filesystem.WatchDirResponse_StartEvent{}}}); err != nil {
+		return err
+	}
+	keepalive := keepaliveInterval(req.Header())
+	timer := time.NewTimer(keepalive)
+	defer timer.Stop()
+	for {
+		var msg *filesystem.WatchDirResponse
+		select {
+		case ev, ok := <-d.events:
+			if !ok {
+				return connectError("WatchDir", errors.New("watcher stopped"))
+			}
+			msg = &filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Filesystem{Filesystem: ev}}
+		case err := <-d.errs:
+			return connectError("WatchDir", err)
+		case <-timer.C:
+			msg = &filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Keepalive{Keepalive: &filesystem.WatchDirResponse_KeepAlive{}}}
+		case <-ctx.Done():
+			return nil
+		}
+		timer.Reset(keepalive)
+		if err := stream.Send(msg); err != nil {
+			return err
+		}
+	}
+}
+
+func (s *fsService) openWatcher(h http.Header, o watchOptions) (*dirWatcher, error) {
+	_, path, err := s.resolve(h, o.path)
+	if err != nil {
+		return nil, err
+	}
+	o.path = path
+	return newDirWatcher(o)
+}
+
+// polledWatcher buffers the events of a dirWatcher for GetWatcherEvents.
+// Safe for concurrent use.
+type polledWatcher struct {
+	d *dirWatcher
+
+	mu     sync.Mutex
+	events []*filesystem.FilesystemEvent
+	err    error
+}
+
+func (p *polledWatcher) collect() {
+	for {
+		select {
+		case ev, ok := <-p.d.events:
+			if !ok {
+				return
+			}
+			p.mu.Lock()
+			if len(p.events) >= maxPolledEvents {
+				p.events = p.events[1:]
+			}
+			p.events = append(p.events, ev)
+			p.mu.Unlock()
+		case err := <-p.d.errs:
+			p.mu.Lock()
+			p.err = err
+			p.mu.Unlock()
+		}
+	}
+}
+
+// take returns and clears the buffered events.
+func (p *polledWatcher) take() ([]*filesystem.FilesystemEvent, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	evs, err := p.events, p.err
+	p.events, p.err = nil, nil
+	return evs, err
+}
+
+// watcherRegistry holds the polling watchers by id. Safe for concurrent use.
+type watcherRegistry struct {
+	mu       sync.Mutex
+	watchers map[string]*polledWatcher
+}
+
+func newWatcherRegistry() *watcherRegistry {
+	return &watcherRegistry{watchers: map[string]*polledWatcher{}}
+}
+
+func (r *watcherRegistry) get(id string) (*polledWatcher, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p, ok := r.watchers[id]; ok {
+		return p, nil
+	}
+	return nil, notFoundf("watcher %q not found", id)
+}
+
+// CreateWatcher starts a watcher whose events are fetched by polling.
+func (s *fsService) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {
+	d, err := s.openWatcher(req.Header(), watchOptions{
+		path: req.Msg.GetPath(), recursive: req.Msg.GetRecursive(),
+		includeEntry: req.Msg.GetIncludeEntry(), allowNetwork: req.Msg.GetAllowNetworkMounts(),
+	})
+	if err != nil {
+		return nil, connectError("CreateWatcher", err)
+	}
+	p := &polledWatcher{d: d}
+	go p.collect()
+	id := requestID()
+	s.watchers.mu.Lock()
+	s.watchers.watchers[id] = p
+	s.watchers.mu.Unlock()
+	return connect.NewResponse(&filesystem.CreateWatcherResponse{WatcherId: id}), nil
+}
+
+// GetWatcherEvents returns the events since the previous call.
+func (s *fsService) GetWatcherEvents(ctx context.Context, req *connect.Request[filesystem.GetWatcherEventsRequest]) (*connect.Response[filesystem.GetWatcherEventsResponse], error) {
+	p, err := s.watchers.get(req.Msg.GetWatcherId())
+	if err != nil {
+		return nil, connectError("GetWatcherEvents", err)
+	}
+	evs, err := p.take()
+	if err != nil {
+		return nil, connectError("GetWatcherEvents", err)
+	}
+	return connect.NewResponse(&filesystem.GetWatcherEventsResponse{Events: evs}), nil
+}
+
+// RemoveWatcher stops a polling watcher.
+func (s *fsService) RemoveWatcher(ctx context.Context, req *connect.Request[filesystem.RemoveWatcherRequest]) (*connect.Response[filesystem.RemoveWatcherResponse], error) {
+	id := req.Msg.GetWatcherId()
+	p, err := s.watchers.get(id)
+	if err != nil {
+		return nil, connectError("RemoveWatcher", err)
+	}
+	s.watchers.mu.Lock()
+	delete(s.watchers.watchers, id)
+	s.watchers.mu.Unlock()
+	p.d.close()
+	return connect.NewResponse(&filesystem.RemoveWatcherResponse{}), nil
+}
