@@ -1,0 +1,428 @@
+"""Synchronous client: :class:`Sandbox`. Its twin is
+:mod:`cellfork.async_sandbox`; both are thin shells over :mod:`cellfork._core`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Literal, Mapping, overload
+
+from ._config import (
+    DEFAULT_COMMAND_TIMEOUT,
+    DEFAULT_RUN_CODE_TIMEOUT,
+    DEFAULT_SANDBOX_TIMEOUT,
+    Transport,
+    normalize_timeout,
+    resolve_config,
+)
+from ._core import (
+    ApiCore,
+    RequestSpec,
+    SandboxCore,
+    check_stream_content_type,
+    parse_contexts,
+    parse_created,
+    parse_dir_created,
+    parse_entries,
+    parse_found,
+    parse_healthy,
+    parse_info,
+    parse_list,
+    parse_read,
+    parse_rpc,
+    parse_write,
+    request_id,
+)
+from ._envelope import EnvelopeDecoder, raise_for_end_stream
+from ._exceptions import CommandExitError, ProtocolError, TimeoutError
+from ._models import (
+    CommandResult,
+    Context,
+    EntryInfo,
+    Execution,
+    ExecutionError,
+    Result,
+    SandboxInfo,
+    WriteInfo,
+)
+from ._ndjson import NDJSONDecoder
+from ._streams import ExecutionAccumulator, ProcessAccumulator
+from ._transport import SyncHTTP, fire, translating
+
+__all__ = ["Sandbox", "Commands", "Files", "CommandHandle"]
+
+
+class Sandbox:
+    """A running sandbox. Obtain one with :meth:`create` or :meth:`connect`.
+
+    Used as a context manager, the sandbox is killed on exit. Safe for use
+    from several threads; a single :class:`CommandHandle` is not.
+    """
+
+    def __init__(self, core: SandboxCore, http: SyncHTTP) -> None:
+        self._core = core
+        self._http = http
+        self.commands = Commands(self)
+        self.files = Files(self)
+
+    @property
+    def sandbox_id(self) -> str:
+        return self._core.sandbox_id
+
+    def __repr__(self) -> str:
+        return f"Sandbox(sandbox_id={self.sandbox_id!r})"
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self.kill()
+        finally:
+            self.close()
+
+    # --- lifecycle ---------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        template: str = "base",
+        timeout: int | None = DEFAULT_SANDBOX_TIMEOUT,
+        envs: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        snapshot: str | None = None,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        request_timeout: float | None = None,
+        max_retries: int | None = None,
+        transport: Transport | None = None,
+    ) -> "Sandbox":
+        """Start a sandbox from ``template`` (or from ``snapshot``) that
+        lives ``timeout`` seconds unless extended with :meth:`set_timeout`."""
+        config = resolve_config(base_url=base_url, api_key=api_key, request_timeout=request_timeout,
+                                max_retries=max_retries, transport=transport)
+        api = ApiCore(config)
+        spec = api.create_request(template, timeout, envs, metadata, snapshot, request_timeout)
+        return cls._open(api, spec)
+
+    @classmethod
+    def connect(
+        cls,
+        sandbox_id: str,
+        *,
+        timeout: int | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        request_timeout: float | None = None,
+        max_retries: int | None = None,
+        transport: Transport | None = None,
+    ) -> "Sandbox":
+        """Attach to an existing sandbox (resuming it if it is paused).
+        Raises :class:`SandboxNotFoundError` if there is none."""
+        config = resolve_config(base_url=base_url, api_key=api_key, request_timeout=request_timeout,
+                                max_retries=max_retries, transport=transport)
+        api = ApiCore(config)
+        return cls._open(api, api.connect_request(sandbox_id, timeout, request_timeout))
+
+    @classmethod
+    def _open(cls, api: ApiCore, spec: RequestSpec) -> "Sandbox":
+        http = SyncHTTP(api.config, api.retry_policy())
+        try:
+            created = parse_created(http.request(spec))
+        except BaseException:
+            http.close()
+            raise
+        return cls(SandboxCore(api.config, created), http)
+
+    @classmethod
+    def list(
+        cls,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        state: list[str] | None = None,
+        limit: int | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        request_timeout: float | None = None,
+        max_retries: int | None = None,
+        transport: Transport | None = None,
+    ) -> list[SandboxInfo]:
+        """All sandboxes visible to the API key (following pagination),
+        optionally filtered by metadata and state (``"running"``, ``"paused"``)."""
+        config = resolve_config(base_url=base_url, api_key=api_key, request_timeout=request_timeout,
+                                max_retries=max_retries, transport=transport)
+        api = ApiCore(config)
+        http = SyncHTTP(config, api.retry_policy())
+        out: list[SandboxInfo] = []
+        token: str | None = None
+        try:
+            while True:
+                spec = api.list_request(metadata, state, limit, token, request_timeout)
+                page, token = parse_list(http.request(spec))
+                out += page
+                if not token or (limit is not None and len(out) >= limit):
+                    return out
+        finally:
+            http.close()
+
+    def kill(self, *, request_timeout: float | None = None) -> bool:
+        """Kill the sandbox. Returns False if it was already gone."""
+        return parse_found(self._http.request(self._core.kill_request(request_timeout)))
+
+    def set_timeout(self, seconds: int, *, request_timeout: float | None = None) -> None:
+        """Make the sandbox live ``seconds`` from now."""
+        self._http.request(self._core.set_timeout_request(seconds, request_timeout))
+
+    def get_info(self, *, request_timeout: float | None = None) -> SandboxInfo:
+        return parse_info(self._http.request(self._core.info_request(request_timeout)))
+
+    def is_running(self, *, request_timeout: float | None = None) -> bool:
+        """True if the sandbox answers its health check."""
+        return parse_healthy(self._http.request(self._core.health_request(request_timeout)))
+
+    def close(self) -> None:
+        """Release the HTTP connections (the sandbox keeps running)."""
+        self._http.close()
+
+    # --- code interpreter --------------------------------------------------
+
+    def run_code(
+        self,
+        code: str,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        on_result: Callable[[Result], Any] | None = None,
+        on_error: Callable[[ExecutionError], Any] | None = None,
+        envs: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        context: Context | str | None = None,
+        *,
+        request_timeout: float | None = None,
+    ) -> Execution:
+        """Run ``code`` in the sandbox's Jupyter kernel (or in ``context``).
+
+        Callbacks fire as output streams in. An exception in the code is
+        returned as ``Execution.error``, not raised. ``timeout`` bounds the
+        whole execution (default 300 s, 0 = none).
+        """
+        deadline_s = normalize_timeout(timeout, DEFAULT_RUN_CODE_TIMEOUT)
+        spec = self._core.execute_request(code, context, envs, deadline_s, request_timeout)
+        acc = ExecutionAccumulator(on_stdout=on_stdout, on_stderr=on_stderr,
+                                   on_result=on_result, on_error=on_error)
+        decoder = NDJSONDecoder()
+        deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        with self._http.stream(spec) as response, translating():
+            for chunk in response.iter_bytes():
+                for event in decoder.feed(chunk):
+                    fire(acc.handle(event))
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"code execution exceeded {deadline_s:g} s",
+                                       request_id=request_id(response))
+            for event in decoder.close():
+                fire(acc.handle(event))
+        return acc.finish()
+
+    def create_code_context(
+        self, cwd: str | None = None, language: str | None = None, *,
+        request_timeout: float | None = None,
+    ) -> Context:
+        spec = self._core.create_context_request(cwd, language, request_timeout)
+        return Context.from_json(parse_rpc(self._http.request(spec), "context"))
+
+    def list_code_contexts(self, *, request_timeout: float | None = None) -> list[Context]:
+        return parse_contexts(self._http.request(self._core.list_contexts_request(request_timeout)))
+
+    def restart_code_context(
+        self, context: Context | str, *, request_timeout: float | None = None
+    ) -> None:
+        self._http.request(self._core.context_request("POST", context, "restart", request_timeout))
+
+    def remove_code_context(
+        self, context: Context | str, *, request_timeout: float | None = None
+    ) -> None:
+        self._http.request(self._core.context_request("DELETE", context, "", request_timeout))
+
+
+class CommandHandle:
+    """A command started with ``commands.run(..., background=True)``.
+
+    Output callbacks fire while :meth:`wait` reads the stream. Used as a
+    context manager, the output stream is closed on exit. Not safe for
+    concurrent use.
+    """
+
+    def __init__(self, sandbox: Sandbox, spec: RequestSpec,
+                 on_stdout: Callable[[str], Any] | None,
+                 on_stderr: Callable[[str], Any] | None) -> None:
+        self._sandbox = sandbox
+        self._response = sandbox._http.open_stream(spec)
+        self._request_id = request_id(self._response)
+        self._acc = ProcessAccumulator(on_stdout=on_stdout, on_stderr=on_stderr)
+        self._decoder = EnvelopeDecoder()
+        self._chunks = self._response.iter_bytes()
+        self._result: CommandResult | None = None
+        try:
+            check_stream_content_type(self._response)
+            while not self._acc.started:
+                if not self._pump():
+                    raise ProtocolError("process stream ended before the start event")
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pid(self) -> int:
+        assert self._acc.pid is not None
+        return self._acc.pid
+
+    def __enter__(self) -> "CommandHandle":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _pump(self) -> bool:
+        """Read one chunk and handle its messages; False at end of stream."""
+        with translating():
+            chunk = next(self._chunks, None)
+        if chunk is None:
+            self._decoder.close()
+            return False
+        for envelope in self._decoder.feed(chunk):
+            if envelope.end_stream:
+                raise_for_end_stream(envelope, request_id=self._request_id)
+            else:
+                fire(self._acc.handle(envelope.message))
+        return True
+
+    def wait(self) -> CommandResult:
+        """Wait for the command to end. Raises :class:`CommandExitError` on a
+        non-zero exit code and :class:`TimeoutError` past its deadline."""
+        if self._result is None:
+            try:
+                while self._pump():
+                    pass
+                result, calls = self._acc.finish()
+                fire(calls)
+                self._result = result
+            finally:
+                self.close()
+        if self._result.exit_code != 0:
+            raise CommandExitError(self._result, request_id=self._request_id)
+        return self._result
+
+    def kill(self, *, request_timeout: float | None = None) -> bool:
+        """Send SIGKILL. Returns False if the process was already gone."""
+        return self._sandbox.commands.kill(self.pid, request_timeout=request_timeout)
+
+    def close(self) -> None:
+        """Stop reading output (the process is not killed)."""
+        self._response.close()
+
+
+class Commands:
+    """``sandbox.commands``: run shell commands with ``/bin/bash -l -c``."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    @overload
+    def run(self, cmd: str, background: Literal[False] = False, envs: Mapping[str, str] | None = None,
+            cwd: str | None = None, user: str | None = None, timeout: float | None = ...,
+            on_stdout: Callable[[str], Any] | None = None, on_stderr: Callable[[str], Any] | None = None,
+            *, request_timeout: float | None = None) -> CommandResult: ...
+
+    @overload
+    def run(self, cmd: str, background: Literal[True], envs: Mapping[str, str] | None = None,
+            cwd: str | None = None, user: str | None = None, timeout: float | None = ...,
+            on_stdout: Callable[[str], Any] | None = None, on_stderr: Callable[[str], Any] | None = None,
+            *, request_timeout: float | None = None) -> CommandHandle: ...
+
+    def run(
+        self,
+        cmd: str,
+        background: bool = False,
+        envs: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout: float | None = DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        *,
+        request_timeout: float | None = None,
+    ) -> CommandResult | CommandHandle:
+        """Run ``cmd`` as ``user`` (default: the sandbox's default user) in
+        ``cwd``. ``timeout`` (s, 0 = none) bounds the command's whole run.
+        Returns the result, or with ``background=True`` a handle as soon as
+        the process has started."""
+        deadline = normalize_timeout(timeout, None)
+        spec = self._sandbox._core.process_start_request(cmd, envs, cwd, user, deadline, request_timeout)
+        handle = CommandHandle(self._sandbox, spec, on_stdout, on_stderr)
+        if background:
+            return handle
+        return handle.wait()
+
+    def kill(self, pid: int, *, request_timeout: float | None = None) -> bool:
+        """SIGKILL process ``pid``. Returns False if there is no such process."""
+        spec = self._sandbox._core.kill_process_request(pid, request_timeout)
+        return parse_found(self._sandbox._http.request(spec))
+
+
+class Files:
+    """``sandbox.files``: read and write the sandbox's filesystem."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    @overload
+    def read(self, path: str, format: Literal["text"] = "text", user: str | None = None,
+             *, request_timeout: float | None = None) -> str: ...
+
+    @overload
+    def read(self, path: str, format: Literal["bytes"], user: str | None = None,
+             *, request_timeout: float | None = None) -> bytes: ...
+
+    def read(
+        self, path: str, format: Literal["text", "bytes"] = "text", user: str | None = None,
+        *, request_timeout: float | None = None,
+    ) -> str | bytes:
+        """Read a file as text (UTF-8) or bytes. Raises :class:`NotFoundError`
+        if it does not exist."""
+        spec = self._sandbox._core.read_file_request(path, format, user, request_timeout)
+        return parse_read(self._sandbox._http.request(spec), format)
+
+    def write(
+        self, path: str, data: str | bytes, user: str | None = None,
+        *, request_timeout: float | None = None,
+    ) -> WriteInfo:
+        """Write (create or overwrite) a file, creating parent directories."""
+        spec = self._sandbox._core.write_file_request(path, data, user, request_timeout)
+        return parse_write(self._sandbox._http.request(spec))
+
+    def list(
+        self, path: str, depth: int = 1, user: str | None = None,
+        *, request_timeout: float | None = None,
+    ) -> list[EntryInfo]:
+        """Entries of directory ``path`` down to ``depth`` levels."""
+        spec = self._sandbox._core.list_dir_request(path, depth, user, request_timeout)
+        return parse_entries(self._sandbox._http.request(spec))
+
+    def exists(
+        self, path: str, user: str | None = None, *, request_timeout: float | None = None
+    ) -> bool:
+        spec = self._sandbox._core.exists_request(path, user, request_timeout)
+        return parse_found(self._sandbox._http.request(spec))
+
+    def remove(
+        self, path: str, user: str | None = None, *, request_timeout: float | None = None
+    ) -> None:
+        """Remove a file or a directory tree."""
+        self._sandbox._http.request(self._sandbox._core.remove_request(path, user, request_timeout))
+
+    def make_dir(
+        self, path: str, user: str | None = None, *, request_timeout: float | None = None
+    ) -> bool:
+        """Create a directory (and parents). Returns False if it existed."""
+        spec = self._sandbox._core.make_dir_request(path, user, request_timeout)
+        return parse_dir_created(self._sandbox._http.request(spec))
+
