@@ -23,8 +23,9 @@ import (
 const DefaultURL = "http://127.0.0.1:3000"
 
 // Main runs one CLI command. args is os.Args[1:]; the result is the process
-// exit code: 0 on success, 1 on errors, 2 on usage errors, and for exec the
-// exit code of the command that ran in the sandbox.
+// exit code: 0 on success, 1 on errors, 2 on usage errors, 130 when ctx is
+// cancelled (interrupted), and for exec the exit code of the command that
+// ran in the sandbox.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := &app{stdin: os.Stdin, stdout: stdout, stderr: stderr, getenv: os.Getenv}
 	return a.main(ctx, args)
@@ -91,6 +92,11 @@ func (a *app) main(ctx context.Context, args []string) int {
 		return 2
 	case errors.As(err, &exit):
 		return exit.code
+	case ctx.Err() != nil:
+		// Interrupted (the caller cancels ctx on SIGINT/SIGTERM); whatever
+		// failed after that is a consequence, not news.
+		fmt.Fprintln(a.stderr, "cellfork: interrupted")
+		return 130
 	default:
 		fmt.Fprintf(a.stderr, "cellfork: %s\n", err)
 		return 1

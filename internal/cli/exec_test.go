@@ -201,8 +201,8 @@ func TestExecInterruptKillsProcess(t *testing.T) {
 		}
 	}
 	cancel()
-	if code := <-done; code != 1 {
-		t.Errorf("exit %d, want 1", code)
+	if code := <-done; code != 130 {
+		t.Errorf("exit %d, want 130", code)
 	}
 	if _, _, _, sigs := d.proc.snapshot(); !slices.Equal(sigs, []uint32{42}) {
 		t.Errorf("signals sent to pids %v, want [42]", sigs)
