@@ -1,0 +1,195 @@
+package codeinterp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+)
+
+const maxRequestBytes = 64 << 20
+
+// Handler serves the E2B code-interpreter API:
+//
+//	POST   /execute               run code, streaming NDJSON events
+//	GET    /contexts              list contexts (the default one included)
+//	POST   /contexts              create a context {"language"?, "cwd"?}
+//	POST   /contexts/{id}/restart fresh interpreter, same id
+//	DELETE /contexts/{id}         kill and forget a context
+//	GET    /health                204
+func (i *Interpreter) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /execute", i.handleExecute)
+	mux.HandleFunc("GET /contexts", i.handleList)
+	mux.HandleFunc("POST /contexts", i.handleCreate)
+	mux.HandleFunc("POST /contexts/{id}/restart", i.handleRestart)
+	mux.HandleFunc("DELETE /contexts/{id}", i.handleDelete)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})
+	return mux
+}
+
+// executeRequest is the SDK's /execute body; JSON nulls read as "".
+type executeRequest struct {
+	Code      string            `json:"code"`
+	ContextID string            `json:"context_id"`
+	Language  string            `json:"language"`
+	EnvVars   map[string]string `json:"env_vars"`
+}
+
+func (i *Interpreter) handleExecute(w http.ResponseWriter, r *http.Request) {
+	var req executeRequest
+	if err := readJSON(r, &req); err != nil {
+		i.writeError(w, err)
+		return
+	}
+	c, err := i.resolve(req.ContextID, req.Language)
+	if err != nil {
+		i.writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	out := newNDJSON(w, i.log)
+	i.execute(r.Context(), c, req, out)
+}
+
+// resolve picks the context of an execution.
+func (i *Interpreter) resolve(id, language string) (*codeContext, error) {
+	if id != "" && language != "" {
+		return nil, fmt.Errorf("context_id and language are mutually exclusive: %w", errInvalid)
+	}
+	if id != "" {
+		return i.lookup(id)
+	}
+	if err := checkLanguage(language); err != nil {
+		return nil, err
+	}
+	return i.defaultContext()
+}
+
+// execute runs one request in c. The stream always ends with
+// end_of_execution.
+func (i *Interpreter) execute(ctx context.Context, c *codeContext, req executeRequest, out *ndjson) {
+	defer out.write(endLine)
+	out.write(nil) // send the headers now
+	if !c.acquire(ctx, out, i.timing.keepalive) {
+		return // the client left before its turn: nothing ran
+	}
+	defer c.release()
+	k, err := c.kernel(ctx, i.spawnSpec)
+	if err != nil {
+		name := "KernelError"
+		if errors.Is(err, errRemoved) {
+			name = "ContextNotFound"
+		}
+		i.log.Warn("no kernel for execution", "context.id", c.id, "err", err)
+		out.write(errorLine(name, err.Error(), ""))
+		return
+	}
+	cmd, err := k.command(req.Code, i.settings.Envs(), req.EnvVars)
+	if err != nil {
+		out.write(errorLine("KernelError", err.Error(), ""))
+		return
+	}
+	k.run(ctx, cmd, out, i.timing)
+}
+
+// createRequest is the POST /contexts body (may be empty).
+type createRequest struct {
+	Language string `json:"language"`
+	Cwd      string `json:"cwd"`
+}
+
+func (i *Interpreter) handleCreate(w http.ResponseWriter, r *http.Request) {
+	var req createRequest
+	if err := readJSON(r, &req); err != nil {
+		i.writeError(w, err)
+		return
+	}
+	if err := checkLanguage(req.Language); err != nil {
+		i.writeError(w, err)
+		return
+	}
+	c, err := i.create(r.Context(), req.Cwd)
+	if err != nil {
+		i.writeError(w, err)
+		return
+	}
+	writeJSON(w, c.info())
+}
+
+func (i *Interpreter) handleList(w http.ResponseWriter, r *http.Request) {
+	infos, err := i.list()
+	if err != nil {
+		i.writeError(w, err)
+		return
+	}
+	writeJSON(w, infos)
+}
+
+func (i *Interpreter) handleRestart(w http.ResponseWriter, r *http.Request) {
+	c, err := i.lookup(r.PathValue("id"))
+	if err == nil {
+		err = c.restart(r.Context(), i.spawnSpec)
+	}
+	if err != nil {
+		i.writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (i *Interpreter) handleDelete(w http.ResponseWriter, r *http.Request) {
+	if err := i.remove(r.PathValue("id")); err != nil {
+		i.writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// readJSON decodes the request body into v; an empty body leaves v as is.
+// The body is read to the end, so the server notices when the client
+// goes away.
+func readJSON(r *http.Request, v any) error {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBytes+1))
+	if err != nil {
+		return fmt.Errorf("reading request: %w", err)
+	}
+	if len(body) > maxRequestBytes {
+		return fmt.Errorf("request body larger than %d bytes: %w", maxRequestBytes, errInvalid)
+	}
+	if len(body) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("decoding request: %s: %w", err, errInvalid)
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+// writeError is the one place that maps error classes to HTTP status.
+// Bodies are plain text, as upstream's.
+func (i *Interpreter) writeError(w http.ResponseWriter, err error) {
+	status := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, errInvalid):
+		status = http.StatusBadRequest
+	case errors.Is(err, errNotFound):
+		status = http.StatusNotFound
+	case errors.Is(err, errClosed):
+		status = http.StatusServiceUnavailable
+	default:
+		i.log.Error("code interpreter request failed", "err", err)
+	}
+	http.Error(w, err.Error(), status)
+}

@@ -1,0 +1,650 @@
+"""Stateful Python kernel of the cellfork code interpreter.
+
+One process per code context, started and driven by the Go package
+internal/agent/codeinterp (installed in sandboxes as /opt/cellfork/kernel.py).
+
+Protocol, one JSON object per line in each direction:
+  fd 3 (in)   commands: {"id": n, "code": str, "env": {..}?, "tmp_env": {..}?}
+              env is the sandbox-wide environment (kept), tmp_env the
+              execution's own variables (restored when it ends).
+  fd 4 (out)  events, compact, "type" always the first key: stdout, stderr,
+              result, error and number_of_executions in the E2B wire form (the
+              agent forwards them verbatim), {"type":"ready"} once when the
+              kernel can take commands and {"type":"done","id":n} after each.
+  fd 1/2      the agent's log at start. They are re-pointed at pipes that a
+              thread here reads, so output written at the C level (os.system,
+              subprocesses, extensions) reaches the client as stdout/stderr,
+              in order with print().
+SIGINT interrupts the running cell (KeyboardInterrupt) and is ignored between
+cells; the agent sends it to the kernel's process group.
+CELLFORK_PREIMPORT="numpy,pandas,matplotlib.pyplot" imports those modules
+before "ready", so a warm template pays for them once.
+"""
+
+import ast
+import base64
+import builtins
+import codecs
+import faulthandler
+import io
+import json
+import linecache
+import os
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+import types
+
+CMD_FD, EVT_FD = 3, 4
+PARTIAL_FLUSH_SECONDS = 0.05  # an unterminated line is sent after this long
+CO_COROUTINE = 0x0080
+TLA_FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+
+_lock = threading.RLock()  # guards fd 4, the output buffers and the capture pipes
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+_diag = None  # the agent's log (the original stderr)
+
+
+class _State:
+    """Process-wide flags. SIGINT is honoured only while user code runs and
+    never in the middle of writing an event (critical > 0 defers it)."""
+
+    interruptible = False
+    critical = 0
+    pending = False
+    emitting = False  # an event line is being written (lock held)
+    forked = False  # this is a child forked by user code: no protocol here
+    count = 0  # execution_count
+    loop = None  # asyncio loop for cells with top-level await
+
+
+_MAIN = threading.get_ident()
+
+
+def _on_sigint(signum, frame):
+    if not _State.interruptible:
+        return
+    if _State.critical:
+        _State.pending = True
+        return
+    raise KeyboardInterrupt
+
+
+def _enter():
+    if threading.get_ident() == _MAIN:
+        _State.critical += 1
+    _lock.acquire()
+
+
+def _leave():
+    _lock.release()
+    if threading.get_ident() == _MAIN:
+        _State.critical -= 1
+        if _State.critical == 0 and _State.pending:
+            _State.pending = False
+            if _State.interruptible:
+                raise KeyboardInterrupt
+
+
+def _now():
+    t = time.time()
+    us = int(t * 1e6) % 1000000
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%06dZ" % us
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _send(event):
+    """Writes one event line; the caller holds _lock."""
+    data = (_encode(event) + "\n").encode()
+    _State.emitting = True
+    try:
+        _write_all(EVT_FD, data)
+    except OSError:
+        os._exit(0)  # the agent is gone
+    finally:
+        _State.emitting = False
+
+
+def _emit(event):
+    """Sends an event after all output written before it."""
+    _enter()
+    try:
+        if not _State.emitting:
+            _flush_locked()
+        _send(event)
+    finally:
+        _leave()
+
+
+# ---- output ---------------------------------------------------------------
+
+
+class _Capture:
+    """The read end of a pipe installed as fd 1 or 2."""
+
+    def __init__(self, name, fd):
+        self.name = name
+        self.fd = fd
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+
+_CAPTURES = {}  # read fd -> _Capture
+_OUTS = []  # the two _Out streams
+_WAKE = [-1, -1]  # self-pipe that wakes the capture thread
+
+
+def _drain_locked():
+    """Sends whatever C-level output is waiting in the capture pipes."""
+    ready = select.select(list(_CAPTURES), (), (), 0)[0]
+    for fd in ready:
+        cap = _CAPTURES[fd]
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            chunks.append(chunk)
+            if len(chunk) < 65536:
+                break
+        text = cap.decoder.decode(b"".join(chunks))
+        if text:
+            _send({"type": cap.name, "text": text, "timestamp": _now()})
+
+
+def _flush_locked():
+    _drain_locked()
+    for out in _OUTS:
+        out.send_locked()
+
+
+class _RawOut:
+    """sys.stdout.buffer: bytes go to the fd, like C-level output."""
+
+    def __init__(self, fd):
+        self._fd = fd
+
+    def write(self, data):
+        _write_all(self._fd, bytes(data))
+        return len(data)
+
+    def flush(self):
+        pass
+
+    def fileno(self):
+        return self._fd
+
+
+class _Out(io.TextIOBase):
+    """sys.stdout / sys.stderr: complete lines are sent at once, a partial
+    line after PARTIAL_FLUSH_SECONDS (or before any later event)."""
+
+    encoding = "utf-8"
+    errors = "replace"
+
+    def __init__(self, name, fd):
+        self._name = name
+        self._fd = fd
+        self._parts = []
+        self.since = None  # monotonic time of the oldest unsent partial line
+        self.buffer = _RawOut(fd)
+
+    def writable(self):
+        return True
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        return self._fd
+
+    def write(self, s):
+        if not isinstance(s, str):
+            raise TypeError("write() argument must be str, not " + type(s).__name__)
+        if not s:
+            return 0
+        if _State.forked:
+            _write_all(self._fd, s.encode("utf-8", "replace"))
+            return len(s)
+        _enter()
+        try:
+            self._parts.append(s)
+            if _State.emitting:
+                pass  # written by a finalizer in the middle of an event
+            elif "\n" in s:
+                _drain_locked()
+                self.send_locked()
+            elif self.since is None:
+                self.since = time.monotonic()
+                _wake()
+        finally:
+            _leave()
+        return len(s)
+
+    def flush(self):
+        if _State.forked:
+            return
+        _enter()
+        try:
+            if not _State.emitting:
+                _drain_locked()
+                self.send_locked()
+        finally:
+            _leave()
+
+    def send_locked(self):
+        if self._parts:
+            text = "".join(self._parts)
+            self._parts.clear()
+            self.since = None
+            _send({"type": self._name, "text": text, "timestamp": _now()})
+
+
+def _wake():
+    try:
+        os.write(_WAKE[1], b"x")
+    except OSError:
+        pass  # full: the thread is awake anyway
+
+
+def _capture_loop():
+    fds = list(_CAPTURES) + [_WAKE[0]]
+    while True:
+        timeout = None
+        pending = [o.since for o in _OUTS if o.since is not None]
+        if pending:
+            timeout = max(0.0, min(pending) + PARTIAL_FLUSH_SECONDS - time.monotonic())
+        ready = select.select(fds, (), (), timeout)[0]
+        if _WAKE[0] in ready:
+            try:
+                os.read(_WAKE[0], 4096)
+            except BlockingIOError:
+                pass
+        with _lock:
+            if _State.emitting:
+                continue
+            _drain_locked()
+            now = time.monotonic()
+            for out in _OUTS:
+                if out.since is not None and now - out.since >= PARTIAL_FLUSH_SECONDS:
+                    out.send_locked()
+
+
+_builtin_print = builtins.print
+
+
+def _print(*args, sep=" ", end="\n", file=None, flush=False):
+    """print() that hands a whole line to our streams in one write, so a
+    line is one stdout event (the builtin writes each piece separately)."""
+    if file is None:
+        file = sys.stdout
+    if type(file) is not _Out or not isinstance(sep or "", str) or not isinstance(end or "", str):
+        return _builtin_print(*args, sep=sep, end=end, file=file, flush=flush)
+    file.write((" " if sep is None else sep).join(map(str, args)) + ("\n" if end is None else end))
+    if flush:
+        file.flush()
+
+
+_print.__name__ = _print.__qualname__ = "print"
+_print.__doc__ = _builtin_print.__doc__
+
+
+def _setup_output():
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        r, w = os.pipe()
+        os.dup2(w, fd)  # inheritable: children write here
+        os.close(w)
+        os.set_blocking(r, False)
+        _CAPTURES[r] = _Capture(name, r)
+    _WAKE[0], _WAKE[1] = os.pipe()
+    os.set_blocking(_WAKE[0], False)
+    os.set_blocking(_WAKE[1], False)
+    _OUTS.extend([_Out("stdout", 1), _Out("stderr", 2)])
+    sys.stdout, sys.stderr = _OUTS
+    builtins.print = _print
+
+
+# ---- rich results -------------------------------------------------------------
+
+_MIME_KEYS = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/svg+xml": "svg",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "application/pdf": "pdf",
+    "text/latex": "latex",
+    "application/json": "json",
+    "application/javascript": "javascript",
+    "e2b/data": "data",
+    "e2b/chart": "chart",
+}
+_REPR_METHODS = (
+    ("_repr_html_", "text/html"),
+    ("_repr_markdown_", "text/markdown"),
+    ("_repr_svg_", "image/svg+xml"),
+    ("_repr_png_", "image/png"),
+    ("_repr_jpeg_", "image/jpeg"),
+    ("_repr_pdf_", "application/pdf"),
+    ("_repr_latex_", "text/latex"),
+    ("_repr_json_", "application/json"),
+    ("_repr_javascript_", "application/javascript"),
+)
+_BINARY = ("image/png", "image/jpeg", "application/pdf")
+_OBJECT_KEYS = ("json", "data", "chart")
+
+
+def _method(obj, name):
+    """A formatter method of obj, distrusting objects that claim every name."""
+    try:
+        method = getattr(obj, name, None)
+        if not callable(method):
+            return None
+        if callable(getattr(obj, "_cellfork_canary_method_should_not_exist_", None)):
+            return None
+        return method
+    except Exception:
+        return None
+
+
+def _call_repr(method, *args, **kwargs):
+    try:
+        data = method(*args, **kwargs)
+    except Exception as exc:
+        sys.stderr.write("display formatter %s failed: %r\n" % (getattr(method, "__name__", "?"), exc))
+        return None
+    if isinstance(data, tuple) and len(data) == 2:
+        data = data[0]  # (data, metadata)
+    return data
+
+
+def _is_figure(obj):
+    figure = sys.modules.get("matplotlib.figure")
+    return figure is not None and isinstance(obj, figure.Figure)
+
+
+def _figure_png(fig):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _mimebundle(obj):
+    bundle = {}
+    if not isinstance(obj, type):
+        method = _method(obj, "_repr_mimebundle_")
+        if method is not None:
+            data = _call_repr(method, include=None, exclude=None)
+            if isinstance(data, dict):
+                bundle.update(data)
+        for attr, mime in _REPR_METHODS:
+            if mime not in bundle:
+                method = _method(obj, attr)
+                data = None if method is None else _call_repr(method)
+                if data is not None:
+                    bundle[mime] = data
+        if "image/png" not in bundle and _is_figure(obj):
+            bundle["image/png"] = _figure_png(obj)
+    if "text/plain" not in bundle:
+        bundle["text/plain"] = repr(obj)
+    return bundle
+
+
+def _jsonable(data):
+    try:
+        _encode(data)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _result_event(bundle, main):
+    event = {"type": "result"}
+    extra = {}
+    for mime, data in bundle.items():
+        if data is None:
+            continue
+        if mime in _BINARY and isinstance(data, (bytes, bytearray)):
+            data = base64.b64encode(data).decode()
+        key = _MIME_KEYS.get(mime)
+        if key is None:
+            if _jsonable(data):
+                extra[mime] = data
+        elif key in _OBJECT_KEYS:
+            if _jsonable(data):
+                event[key] = data
+        else:
+            if not isinstance(data, str):
+                data = str(data)
+            if key == "text" and len(data) >= 2 and data[0] == "'" and data[-1] == "'":
+                data = data[1:-1]  # as upstream: a str result shows without quotes
+            event[key] = data
+    if extra:
+        event["extra"] = extra
+    event["is_main_result"] = main
+    return event
+
+
+def _display(obj, main, shown=None):
+    if shown is not None and _is_figure(obj):
+        shown.add(id(obj))
+    _emit(_result_event(_mimebundle(obj), main))
+
+
+def display(*objs, **kwargs):
+    """Shows objects as results of the running cell (like IPython's display)."""
+    for obj in objs:
+        _display(obj, False)
+
+
+def _flush_figures(shown=()):
+    """Displays the pyplot figures still open after a cell, then closes them."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    try:
+        for num in plt.get_fignums():
+            fig = plt.figure(num)
+            if id(fig) not in shown:
+                _display(fig, False)
+    finally:
+        plt.close("all")
+
+
+def _pyplot_show(*args, **kwargs):
+    _flush_figures()
+
+
+class _PyplotHook:
+    """Import hook: once matplotlib.pyplot loads, plt.show() displays the
+    figures as results instead of warning that Agg cannot show them."""
+
+    busy = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "matplotlib.pyplot" or self.busy:
+            return None
+        import importlib.util
+
+        self.busy = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.busy = False
+        if spec is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            module.show = _pyplot_show
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+# ---- execution ---------------------------------------------------------------
+
+
+def _silenced(code, node):
+    """Whether the last expression is followed by ';' (IPython: no output)."""
+    lines = code.split("\n")
+    rest = lines[node.end_lineno - 1].encode()[node.end_col_offset:].decode("utf-8", "ignore")
+    rest = "\n".join([rest] + lines[node.end_lineno:])
+    return rest.lstrip().startswith(";")
+
+
+def _run_code(code_obj, ns):
+    if code_obj.co_flags & CO_COROUTINE:
+        import asyncio
+
+        if _State.loop is None:
+            _State.loop = asyncio.new_event_loop()
+        return _State.loop.run_until_complete(eval(code_obj, ns))
+    return eval(code_obj, ns)
+
+
+def _run_cell(code, n, ns):
+    filename = "<cell-%d>" % n
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST | TLA_FLAGS, dont_inherit=True)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr) and not _silenced(code, tree.body[-1]):
+        last = ast.Expression(tree.body.pop().value)
+    if tree.body:
+        _run_code(compile(tree, filename, "exec", TLA_FLAGS, dont_inherit=True), ns)
+    shown = set()
+    if last is not None:
+        value = _run_code(compile(last, filename, "eval", TLA_FLAGS, dont_inherit=True), ns)
+        if value is not None:
+            ns["_"] = value
+            _display(value, True, shown)
+    _flush_figures(shown)
+
+
+def _error_event(exc):
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next  # hide the kernel's own frames
+    try:
+        value = str(exc)
+    except Exception:
+        value = "<unprintable %s>" % type(exc).__name__
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    return {"type": "error", "name": type(exc).__name__, "value": value, "traceback": text}
+
+
+def _push_env(env):
+    if not env:
+        return None
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    return saved
+
+
+def _pop_env(saved):
+    for key, value in (saved or {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _execute(req, ns):
+    _State.count += 1
+    _emit({"type": "number_of_executions", "execution_count": _State.count})
+    if req.get("env"):
+        os.environ.update(req["env"])
+    saved = _push_env(req.get("tmp_env"))
+    _State.pending = False
+    try:
+        _State.interruptible = True
+        _run_cell(req.get("code", ""), _State.count, ns)
+        _State.interruptible = False
+    except BaseException as exc:  # KeyboardInterrupt and SystemExit end the cell too
+        _State.interruptible = False
+        try:
+            _emit(_error_event(exc))
+        except Exception as err:
+            _emit({"type": "error", "name": type(exc).__name__, "value": "", "traceback": repr(err)})
+    finally:
+        _State.interruptible = False
+        _State.pending = False
+        _pop_env(saved)
+        _emit({"type": "done", "id": req.get("id")})
+
+
+# ---- start ---------------------------------------------------------------------
+
+
+def _after_fork_in_child():
+    _State.forked = True
+    _State.interruptible = False
+    for fd in (CMD_FD, EVT_FD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _setup_namespace():
+    sys.modules["_cellfork_kernel"] = sys.modules["__main__"]  # keep our globals alive
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    builtins.display = display
+    sys.argv = [""]
+    sys.path[0] = ""  # import from the working directory, as in a notebook
+    return main.__dict__
+
+
+def _preimport():
+    import importlib
+
+    names = os.environ.pop("CELLFORK_PREIMPORT", "")
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            _diag.write("kernel: pre-importing %s: %r\n" % (name, exc))
+
+
+def main():
+    global _diag
+    for fd in (CMD_FD, EVT_FD):
+        os.set_inheritable(fd, False)
+        os.set_blocking(fd, True)
+    _diag = os.fdopen(os.dup(2), "w", buffering=1)
+    faulthandler.enable(_diag)
+    ns = _setup_namespace()
+    _setup_output()
+    signal.signal(signal.SIGINT, _on_sigint)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    sys.meta_path.insert(0, _PyplotHook())
+    threading.Thread(target=_capture_loop, name="cellfork-capture", daemon=True).start()
+    _preimport()
+    _emit({"type": "ready", "pid": os.getpid()})
+    commands = os.fdopen(CMD_FD, "rb")
+    while True:
+        line = commands.readline()
+        if not line:
+            return
+        try:
+            req = json.loads(line)
+        except ValueError as exc:
+            _diag.write("kernel: bad command: %r\n" % exc)
+            continue
+        _execute(req, ns)
+
+
+if __name__ == "__main__":
+    main()
