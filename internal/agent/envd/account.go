@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/cellfork/cellfork/internal/agent"
 )
@@ -94,7 +95,7 @@ func ensureDirs(dir string, acc agent.Account) error {
 			}
 			break
 		}
-		if !errors.Is(err, os.ErrNotExist) {
+		if !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
 			return fmt.Errorf("checking directory %s: %w", d, err)
 		}
 		missing = append(missing, d)
