@@ -102,7 +102,14 @@ def request_id(response: httpx.Response) -> str | None:
 @dataclass
 class RetryPolicy:
     """Retries of idempotent requests with jittered exponential backoff
-    that honours ``Retry-After``. Pure: the twins do the sleeping."""
+    that honours ``Retry-After``. Pure: the twins do the sleeping.
+
+    Only requests marked idempotent (control-plane GETs) are retried, on
+    429/503 and on failures to connect. The ``Should-Retry`` header is not
+    consulted: the daemon sends ``Should-Retry: false`` on every 429/503 to
+    stop the E2B SDKs from repeating non-idempotent calls, which this SDK
+    never retries anyway.
+    """
 
     max_retries: int
     base_delay: float = 0.5
@@ -114,8 +121,6 @@ class RetryPolicy:
         if not spec.idempotent or attempt >= self.max_retries:
             return None
         if response.status_code not in RETRY_STATUSES:
-            return None
-        if response.headers.get("should-retry", "").lower() == "false":
             return None
         retry_after = parse_retry_after(response.headers.get("retry-after"))
         if retry_after is not None and retry_after > MAX_RETRY_AFTER:

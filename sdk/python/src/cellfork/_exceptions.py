@@ -93,7 +93,8 @@ class SandboxNotFoundError(NotFoundError):
 
 
 class InvalidArgumentError(CellforkError):
-    """400/422: the request was malformed or a value was out of range."""
+    """400/413/422: the request was malformed, too large, or a value was
+    out of range."""
 
 
 class ConflictError(CellforkError):
@@ -158,6 +159,7 @@ _STATUS_CLASSES: dict[int, type[CellforkError]] = {
     404: NotFoundError,
     408: TimeoutError,
     409: ConflictError,
+    413: InvalidArgumentError,
     422: InvalidArgumentError,
     429: RateLimitError,
     499: TimeoutError,

@@ -189,7 +189,8 @@ def test_sync_files(daemon):
 
 def test_sync_retries_idempotent_gets_only(daemon):
     sb = Sandbox.create(**_kw(daemon))
-    busy = httpx.Response(503, json={"code": 503, "message": "busy"}, headers={"Retry-After": "0"})
+    busy = httpx.Response(503, json={"code": 503, "message": "busy"},
+                          headers={"Retry-After": "0", "Should-Retry": "false"})
     daemon.queued = [busy, busy]
     assert sb.get_info().sandbox_id == "sbx1"
     daemon.queued = [busy, busy, busy]

@@ -195,7 +195,9 @@ def test_retry_only_idempotent_busy_answers():
     assert p.retry_after_response(GET, 0, _resp(500)) is None
     assert p.retry_after_response(POST, 0, _resp(503)) is None
     assert p.retry_after_response(GET, 2, _resp(503)) is None  # attempts exhausted
-    assert p.retry_after_response(GET, 0, _resp(503, **{"Should-Retry": "false"})) is None
+    # The daemon marks every 503 "Should-Retry: false" for the E2B SDKs'
+    # sake; idempotent GETs are still safe to repeat.
+    assert p.retry_after_response(GET, 0, _resp(503, **{"Should-Retry": "false"})) is not None
 
 
 def test_retry_after_is_honoured_with_jitter():
