@@ -1,0 +1,36 @@
+// Command cellfork-agent runs inside every sandbox: envd (processes, files)
+// on :49983 and the code interpreter on :49999. It is static (CGO_ENABLED=0)
+// and must not link daemon, runtime or store code (deps_test.go).
+package main
+
+import (
+	"flag"
+	"log"
+	"net/http"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/agent"
+	"github.com/cellfork/cellfork/internal/agent/codeinterp"
+	"github.com/cellfork/cellfork/internal/agent/envd"
+)
+
+func main() {
+	envdAddr := flag.String("envd-addr", ":49983", "envd listen address")
+	codeAddr := flag.String("code-addr", ":49999", "code interpreter listen address")
+	kernel := flag.String("kernel", "/opt/cellfork/kernel.py", "python kernel helper")
+	flag.Parse()
+
+	s := agent.NewSettings()
+	ci := codeinterp.New(s, *kernel)
+	go func() {
+		if err := ci.StartDefault(); err != nil {
+			log.Printf("starting default code context: %v", err)
+		}
+	}()
+	errc := make(chan error, 2)
+	for addr, h := range map[string]http.Handler{*envdAddr: envd.New(s), *codeAddr: ci.Handler()} {
+		srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 30 * time.Second}
+		go func() { errc <- srv.ListenAndServe() }()
+	}
+	log.Fatal(<-errc)
+}

@@ -1,0 +1,34 @@
+// Command cellfork is the cellfork daemon (`cellfork serve`), the template
+// builder (`cellfork template build`) and the CLI client (every other
+// command, see `cellfork help`).
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/cellfork/cellfork/internal/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	args := os.Args[1:]
+	if len(args) > 0 {
+		switch args[0] {
+		case "serve":
+			os.Exit(serve(ctx, args[1:]))
+		case "template":
+			os.Exit(templateCmd(ctx, args[1:]))
+		}
+	}
+	os.Exit(cli.Main(ctx, args, os.Stdout, os.Stderr))
+}
+
+func fatalf(format string, args ...any) int {
+	fmt.Fprintf(os.Stderr, "cellfork: "+format+"\n", args...)
+	return 1
+}

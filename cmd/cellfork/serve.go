@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/daemon"
+	"github.com/cellfork/cellfork/internal/template"
+)
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// defaultAgentDir is bin/ beside this executable, where `make build` puts
+// the agent.
+func defaultAgentDir() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return "bin"
+	}
+	return filepath.Dir(exe)
+}
+
+func serve(ctx context.Context, args []string) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	cfg := daemon.Config{}
+	fs.StringVar(&cfg.Addr, "addr", envOr("CELLFORK_ADDR", "127.0.0.1:3000"), "listen address (env CELLFORK_ADDR)")
+	fs.StringVar(&cfg.DataDir, "data-dir", envOr("CELLFORK_DATA_DIR", "/var/lib/cellfork"), "data directory (env CELLFORK_DATA_DIR)")
+	fs.StringVar(&cfg.Runsc, "runsc", envOr("CELLFORK_RUNSC", "/usr/local/lib/cellfork/runsc"), "static runsc binary (env CELLFORK_RUNSC)")
+	fs.StringVar(&cfg.AgentDir, "agent-dir", defaultAgentDir(), "directory with cellfork-agent and kernel.py")
+	fs.StringVar(&cfg.Domain, "domain", os.Getenv("CELLFORK_DOMAIN"), "sandbox domain reported to SDKs for {port}-{id}.{domain} hosts (env CELLFORK_DOMAIN)")
+	uploadMB := fs.Int64("max-upload-mb", 1024, "largest file upload accepted, in MiB")
+	fs.IntVar(&cfg.DefaultLimits.CPUCount, "default-cpus", 1, "CPUs per sandbox unless the create asks otherwise")
+	fs.IntVar(&cfg.DefaultLimits.MemoryMB, "default-memory-mb", 1024, "memory per sandbox (MiB) unless the create asks otherwise")
+	fs.IntVar(&cfg.DefaultLimits.PidsMax, "pids-max", 1024, "processes per sandbox")
+	fs.IntVar(&cfg.MaxLimits.CPUCount, "max-cpus", runtime.NumCPU(), "most CPUs a create may ask for")
+	fs.IntVar(&cfg.MaxLimits.MemoryMB, "max-memory-mb", 8192, "most memory (MiB) a create may ask for")
+	fs.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "sandbox lifetime unless the create asks otherwise")
+	fs.DurationVar(&cfg.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox lifetime a caller may set")
+	verbose := fs.Bool("v", false, "log every request")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cfg.MaxUploadBytes = *uploadMB << 20
+	if keys := os.Getenv("CELLFORK_API_KEY"); keys != "" {
+		for _, k := range strings.Split(keys, ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				cfg.APIKeys = append(cfg.APIKeys, k)
+			}
+		}
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if err := daemon.Run(ctx, cfg, log, os.Stderr); err != nil {
+		return fatalf("%v", err)
+	}
+	return 0
+}
+
+func templateCmd(ctx context.Context, args []string) int {
+	if len(args) == 0 || args[0] != "build" {
+		return fatalf("usage: cellfork template build [--data-dir DIR] [NAME]")
+	}
+	fs := flag.NewFlagSet("template build", flag.ContinueOnError)
+	dataDir := fs.String("data-dir", envOr("CELLFORK_DATA_DIR", "/var/lib/cellfork"), "data directory")
+	agentDir := fs.String("agent-dir", defaultAgentDir(), "directory with cellfork-agent and kernel.py")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	name := "base"
+	if fs.NArg() > 0 {
+		name = fs.Arg(0)
+	}
+	resolved, err := template.Resolve(name)
+	if err != nil {
+		return fatalf("%v", err)
+	}
+	reg := template.NewRegistry(filepath.Join(*dataDir, "templates"), *agentDir)
+	p, err := reg.Rootfs(ctx, resolved, os.Stderr)
+	if err != nil {
+		return fatalf("%v", err)
+	}
+	os.Stderr.WriteString("template " + resolved + ": ready at " + p + "\n")
+	return 0
+}

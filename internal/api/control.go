@@ -1,0 +1,401 @@
+package api
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/manager"
+	"github.com/cellfork/cellfork/internal/sandbox"
+)
+
+func (s *Server) routes() {
+	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.HandleFunc("GET /openapi.yaml", serveOpenAPI)
+	s.mux.HandleFunc("POST /v2/sandboxes", s.create)
+	s.mux.HandleFunc("POST /sandboxes", s.create)
+	s.mux.HandleFunc("GET /v2/sandboxes", s.list)
+	s.mux.HandleFunc("GET /sandboxes", s.list)
+	s.mux.HandleFunc("GET /sandboxes/{id}", s.get)
+	s.mux.HandleFunc("DELETE /sandboxes/{id}", s.kill)
+	s.mux.HandleFunc("POST /sandboxes/{id}/timeout", s.setTimeout)
+	s.mux.HandleFunc("POST /sandboxes/{id}/refreshes", s.refresh)
+	s.mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.connect)
+	s.mux.HandleFunc("POST /sandboxes/{id}/connect", s.connect)
+	s.mux.HandleFunc("GET /sandboxes/{id}/metrics", s.metrics)
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, requestID(w), http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+}
+
+// maxControlBody bounds control-plane request bodies.
+const maxControlBody = 1 << 20
+
+// decode reads an optional JSON body into v. An empty body leaves v as is.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxControlBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return errdefs.New(errdefs.ErrInvalidArgument, "request body larger than %d bytes", maxControlBody)
+		}
+		return errdefs.New(errdefs.ErrInvalidArgument, "reading request body: %v", err)
+	}
+	if len(strings.TrimSpace(string(body))) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return errdefs.New(errdefs.ErrInvalidArgument, "malformed JSON body: %v", err)
+	}
+	return nil
+}
+
+// newSandboxBody is E2B's NewSandboxV2 plus our resource extensions.
+type newSandboxBody struct {
+	TemplateID          *string           `json:"templateID"`
+	Timeout             *int              `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	Secure              *bool             `json:"secure"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	AutoPause           *bool             `json:"autoPause"`
+	CPUCount            int               `json:"cpuCount"`
+	MemoryMB            int               `json:"memoryMB"`
+}
+
+// sandboxBody is E2B's Sandbox object.
+type sandboxBody struct {
+	TemplateID         string  `json:"templateID"`
+	SandboxID          string  `json:"sandboxID"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken"`
+	TrafficAccessToken string  `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+}
+
+const clientID = "cellfork"
+
+func (s *Server) domain() *string {
+	if s.cfg.Domain == "" {
+		return nil
+	}
+	d := s.cfg.Domain
+	return &d
+}
+
+func (s *Server) sandboxJSON(sb *sandbox.Sandbox) sandboxBody {
+	return sandboxBody{
+		TemplateID: sb.TemplateID, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: EnvdVersion,
+		EnvdAccessToken: sb.AccessToken, TrafficAccessToken: sb.AccessToken, Domain: s.domain(),
+	}
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	var b newSandboxBody
+	if err := decode(w, r, &b); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if b.TemplateID == nil || *b.TemplateID == "" {
+		s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "templateID is required"))
+		return
+	}
+	if b.AutoPause != nil && *b.AutoPause {
+		s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "autoPause is not supported by this server yet"))
+		return
+	}
+	req := manager.CreateRequest{TemplateID: *b.TemplateID, Metadata: b.Metadata, Envs: b.EnvVars,
+		CPUCount: b.CPUCount, MemoryMB: b.MemoryMB}
+	if b.Timeout != nil {
+		if *b.Timeout <= 0 {
+			s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "timeout must be a positive number of seconds"))
+			return
+		}
+		req.Timeout = time.Duration(*b.Timeout) * time.Second
+	}
+	sb, err := s.m.Create(r.Context(), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.sandboxJSON(sb))
+}
+
+// detailBody is E2B's SandboxDetail; listedBody is a ListedSandbox (the
+// same fields minus tokens and domain).
+type detailBody struct {
+	listedBody
+	EnvdAccessToken     string            `json:"envdAccessToken"`
+	Domain              *string           `json:"domain"`
+	AllowInternetAccess bool              `json:"allowInternetAccess"`
+	Lifecycle           map[string]any    `json:"lifecycle"`
+	Envs                map[string]string `json:"-"`
+}
+
+type listedBody struct {
+	TemplateID  string            `json:"templateID"`
+	SandboxID   string            `json:"sandboxID"`
+	ClientID    string            `json:"clientID"`
+	StartedAt   string            `json:"startedAt"`
+	EndAt       string            `json:"endAt"`
+	CPUCount    int               `json:"cpuCount"`
+	MemoryMB    int               `json:"memoryMB"`
+	DiskSizeMB  int               `json:"diskSizeMB"`
+	State       string            `json:"state"`
+	EnvdVersion string            `json:"envdVersion"`
+	Metadata    map[string]string `json:"metadata"`
+}
+
+func listedJSON(sb *sandbox.Sandbox) listedBody {
+	return listedBody{
+		TemplateID: sb.TemplateID, SandboxID: sb.ID, ClientID: clientID,
+		StartedAt: sb.StartedAt.Format(time.RFC3339Nano), EndAt: sb.EndAt.Format(time.RFC3339Nano),
+		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB,
+		State: string(sb.State), EnvdVersion: EnvdVersion, Metadata: sb.Metadata,
+	}
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.m.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, detailBody{
+		listedBody: listedJSON(sb), EnvdAccessToken: sb.AccessToken, Domain: s.domain(),
+		AllowInternetAccess: false,
+		Lifecycle:           map[string]any{"autoResume": false, "onTimeout": sb.OnTimeout},
+	})
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
+	if err := s.m.Kill(r.Context(), r.PathValue("id")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	var b struct {
+		Timeout *int `json:"timeout"`
+	}
+	if err := decode(w, r, &b); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if b.Timeout == nil {
+		s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "timeout is required"))
+		return
+	}
+	if err := s.m.SetTimeout(r.Context(), r.PathValue("id"), time.Duration(*b.Timeout)*time.Second); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// refresh is E2B's v1 keep-alive: extend the timeout by duration seconds
+// from now (default 60).
+func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
+	var b struct {
+		Duration *int `json:"duration"`
+	}
+	if err := decode(w, r, &b); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	d := 60
+	if b.Duration != nil {
+		d = *b.Duration
+	}
+	if err := s.m.SetTimeout(r.Context(), r.PathValue("id"), time.Duration(d)*time.Second); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
+	var b struct {
+		Timeout *int `json:"timeout"`
+	}
+	if err := decode(w, r, &b); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	id := r.PathValue("id")
+	if b.Timeout != nil {
+		if err := s.m.SetTimeout(r.Context(), id, time.Duration(*b.Timeout)*time.Second); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	sb, err := s.m.Get(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+}
+
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for _, k := range []string{"start", "end"} {
+		if v := q.Get(k); v != "" {
+			if _, err := strconv.ParseInt(v, 10, 64); err != nil {
+				s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "%s must be Unix seconds", k))
+				return
+			}
+		}
+	}
+	m, err := s.m.Metrics(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, []map[string]any{{
+		"timestamp": m.At.Format(time.RFC3339Nano), "timestampUnix": m.At.Unix(),
+		"cpuCount": m.CPUCount, "cpuUsedPct": m.CPUUsedPct,
+		"memUsed": m.MemUsed, "memTotal": m.MemTotal, "memCache": m.MemCache,
+		"diskUsed": m.DiskUsed, "diskTotal": m.DiskTotal,
+	}})
+}
+
+// list serves GET /v2/sandboxes (paged by X-Next-Token) and v1 GET /sandboxes.
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f, err := parseListFilter(q)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var page []listedBody
+	all := s.m.List(r.Context()) // sorted by (startedAt, id)
+	if f.desc {
+		slices.Reverse(all)
+	}
+	next, last := "", (*sandbox.Sandbox)(nil)
+	for _, sb := range all {
+		if !f.match(sb) {
+			continue
+		}
+		if len(page) == f.limit {
+			next = pageToken(last)
+			break
+		}
+		page, last = append(page, listedJSON(sb)), sb
+	}
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
+	}
+	if page == nil {
+		page = []listedBody{}
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+type listFilter struct {
+	metadata map[string]string
+	states   []string
+	template string
+	desc     bool
+	after    string // sort key to continue after (from nextToken); "" = first page
+	limit    int
+	started  time.Time
+}
+
+// sortKey orders sandboxes as Manager.List does; page tokens carry the key
+// of a page's last sandbox, so paging survives sandboxes coming and going.
+func sortKey(sb *sandbox.Sandbox) string {
+	return fmt.Sprintf("%020d:%s", sb.StartedAt.UnixNano(), sb.ID)
+}
+
+func pageToken(last *sandbox.Sandbox) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(sortKey(last)))
+}
+
+func parseListFilter(q url.Values) (*listFilter, error) {
+	f := &listFilter{states: []string{"running", "paused"}, limit: 100, template: q.Get("template")}
+	if v := q.Get("metadata"); v != "" {
+		mq, err := url.ParseQuery(v)
+		if err != nil {
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "metadata filter must be URL-encoded k=v pairs")
+		}
+		f.metadata = map[string]string{}
+		for k := range mq {
+			f.metadata[k] = mq.Get(k)
+		}
+	}
+	if v := q.Get("state"); v != "" {
+		f.states = strings.Split(v, ",")
+		for _, st := range f.states {
+			if st != "running" && st != "paused" {
+				return nil, errdefs.New(errdefs.ErrInvalidArgument, "state must be running and/or paused, not %q", st)
+			}
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "limit must be between 1 and 1000")
+		}
+		f.limit = n
+	}
+	if v := q.Get("nextToken"); v != "" {
+		b, err := base64.RawURLEncoding.DecodeString(v)
+		if err != nil {
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid nextToken")
+		}
+		f.after = string(b)
+		if _, _, ok := strings.Cut(f.after, ":"); !ok {
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid nextToken")
+		}
+	}
+	if v := q.Get("startedAfter"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "startedAfter must be an RFC 3339 time")
+		}
+		f.started = t
+	}
+	switch q.Get("order") {
+	case "", "asc":
+	case "desc":
+		f.desc = true
+	default:
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "order must be asc or desc")
+	}
+	return f, nil
+}
+
+// match reports whether sb passes the filter and comes after the page token.
+func (f *listFilter) match(sb *sandbox.Sandbox) bool {
+	if k := sortKey(sb); f.after != "" && (!f.desc && k <= f.after || f.desc && k >= f.after) {
+		return false
+	}
+	if !slices.Contains(f.states, string(sb.State)) || (f.template != "" && sb.TemplateID != f.template) {
+		return false
+	}
+	if !f.started.IsZero() && !sb.StartedAt.After(f.started) {
+		return false
+	}
+	for k, v := range f.metadata {
+		if sb.Metadata[k] != v {
+			return false
+		}
+	}
+	return true
+}

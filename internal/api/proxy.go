@@ -1,0 +1,175 @@
+package api
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/manager"
+	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/timing"
+)
+
+// target is a port inside a sandbox.
+type target struct {
+	sandboxID string
+	port      int
+}
+
+// hostRE matches the left-most label of "{port}-{sandboxID}.{domain}".
+var hostRE = regexp.MustCompile(`^([0-9]{1,5})-([a-z0-9]{1,64})\.`)
+
+// dataPlaneTarget finds the sandbox port a request is for: the E2B routing
+// headers first, then the Host form.
+func dataPlaneTarget(r *http.Request) (target, bool) {
+	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+		port, _ := strconv.Atoi(r.Header.Get("E2b-Sandbox-Port"))
+		return target{id, port}, true
+	}
+	if m := hostRE.FindStringSubmatch(r.Host); m != nil {
+		port, _ := strconv.Atoi(m[1])
+		return target{m[2], port}, true
+	}
+	return target{}, false
+}
+
+// proxyError is the edge's answer the SDKs understand (spec §4.7).
+func proxyError(w http.ResponseWriter, reqID, sandboxID string, status int, msg string) {
+	writeJSON(w, status, map[string]any{"sandboxId": sandboxID, "message": msg, "code": status, "requestId": reqID})
+}
+
+// errUploadTooLarge marks an upload cut off at the configured limit.
+var errUploadTooLarge = errors.New("upload too large")
+
+// limitedBody fails once more than n bytes were read.
+type limitedBody struct {
+	io.ReadCloser
+	n int64
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n -= int64(n)
+	if b.n < 0 {
+		return n, errUploadTooLarge
+	}
+	return n, err
+}
+
+func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID string) {
+	t0 := time.Now()
+	if t.port < 1 || t.port > 65535 {
+		proxyError(w, reqID, t.sandboxID, http.StatusBadRequest, "invalid sandbox port")
+		return
+	}
+	tr, sb, err := s.m.Endpoint(t.sandboxID)
+	if err != nil {
+		proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox was not found")
+		return
+	}
+	if msg := s.checkAccess(r, t, sb); msg != "" {
+		proxyError(w, reqID, t.sandboxID, http.StatusUnauthorized, msg)
+		return
+	}
+	if t.port == manager.EnvdPort && r.Method == http.MethodPost && r.URL.Path == "/files" {
+		if r.ContentLength > s.cfg.MaxUploadBytes {
+			proxyError(w, reqID, t.sandboxID, http.StatusRequestEntityTooLarge,
+				fmt.Sprintf("upload larger than the limit of %d bytes", s.cfg.MaxUploadBytes))
+			return
+		}
+		r.Body = &limitedBody{ReadCloser: r.Body, n: s.cfg.MaxUploadBytes}
+	}
+	timing.Since(r.Context(), "route", t0)
+	t1 := time.Now()
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = "sandbox:" + strconv.Itoa(t.port)
+			pr.Out.Host = pr.In.Host
+			for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token", "X-Api-Key"} {
+				pr.Out.Header.Del(h)
+			}
+		},
+		Transport:     tr,
+		FlushInterval: -1,
+		ModifyResponse: func(*http.Response) error {
+			timing.Since(r.Context(), "upstream", t1)
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			switch {
+			case errors.Is(err, errUploadTooLarge):
+				proxyError(w, reqID, t.sandboxID, http.StatusRequestEntityTooLarge,
+					fmt.Sprintf("upload larger than the limit of %d bytes", s.cfg.MaxUploadBytes))
+			case r.Context().Err() != nil:
+				// The client went away; nobody to answer.
+			case strings.Contains(err.Error(), "connection refused"):
+				proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox is running but port is not open")
+			default:
+				s.log.Warn("proxy error", "request.id", reqID, "sandbox.id", t.sandboxID, "port", t.port, "err", err)
+				proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox is not reachable")
+			}
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+// checkAccess enforces the sandbox's tokens and returns "" when allowed.
+// envd and the code interpreter need the envd access token (X-Access-Token)
+// or the traffic token; /files also accepts a signed URL; /health is open.
+// User ports are public, as on E2B by default.
+func (s *Server) checkAccess(r *http.Request, t target, sb *sandbox.Sandbox) string {
+	if t.port != manager.EnvdPort && t.port != manager.CodeInterpreterPort {
+		return ""
+	}
+	if r.URL.Path == "/health" {
+		return ""
+	}
+	for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token"} {
+		if v := r.Header.Get(h); v != "" && subtle.ConstantTimeCompare([]byte(v), []byte(sb.AccessToken)) == 1 {
+			return ""
+		}
+	}
+	if t.port == manager.EnvdPort && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
+		return checkSignature(r, sb.AccessToken)
+	}
+	if r.Header.Get("X-Access-Token") == "" {
+		return "missing access token: send the sandbox's envdAccessToken in X-Access-Token"
+	}
+	return "invalid access token"
+}
+
+// checkSignature verifies an E2B signed file URL (spec §4.1).
+func checkSignature(r *http.Request, token string) string {
+	q := r.URL.Query()
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	payload := fmt.Sprintf("%s:%s:%s:%s", q.Get("path"), op, q.Get("username"), token)
+	if exp := q.Get("signature_expiration"); exp != "" {
+		n, err := strconv.ParseInt(exp, 10, 64)
+		if err != nil {
+			return "invalid signature_expiration"
+		}
+		if time.Now().Unix() > n {
+			return "signature expired"
+		}
+		payload += ":" + exp
+	}
+	sum := sha256.Sum256([]byte(payload))
+	want := "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+	if subtle.ConstantTimeCompare([]byte(q.Get("signature")), []byte(want)) != 1 {
+		return "invalid signature"
+	}
+	return ""
+}

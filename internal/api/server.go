@@ -1,0 +1,195 @@
+// Package api serves cellfork's HTTP surface on one port: the E2B-compatible
+// control plane (plus our extensions) and the sandbox data plane, which it
+// proxies to the agent or to a user's port inside the sandbox. Errors are
+// mapped to HTTP statuses here and nowhere else.
+package api
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/manager"
+	"github.com/cellfork/cellfork/internal/timing"
+)
+
+// EnvdVersion is the envd version we report; the SDKs gate features on it
+// (spec §3) and we implement everything up to it.
+const EnvdVersion = "0.6.13"
+
+// Config configures the HTTP layer.
+type Config struct {
+	APIKeys        []string
+	Domain         string // sandbox domain reported to SDKs; "" = null
+	MaxUploadBytes int64
+}
+
+// Server is the daemon's http.Handler. Safe for concurrent use.
+type Server struct {
+	cfg Config
+	m   *manager.Manager
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// New returns the handler.
+func New(cfg Config, m *manager.Manager, log *slog.Logger) *Server {
+	s := &Server{cfg: cfg, m: m, log: log, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+type ctxKey int
+
+const requestIDKey ctxKey = 0
+
+// ServeHTTP assigns a request id, records phases into Server-Timing, and
+// dispatches to the data plane or the control plane.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	ctx, rec := timing.With(r.Context())
+	id := newRequestID()
+	tw := &timedWriter{ResponseWriter: w, rec: rec, start: start}
+	tw.Header().Set("X-Request-Id", id)
+	r = r.WithContext(ctx)
+	if t, ok := dataPlaneTarget(r); ok {
+		s.proxy(tw, r, t, id)
+	} else if s.authorized(tw, r, id) {
+		s.mux.ServeHTTP(tw, r)
+	}
+	if !tw.wrote {
+		tw.WriteHeader(http.StatusOK)
+	}
+	s.log.Debug("request", "request.id", id, "method", r.Method, "path", r.URL.Path,
+		"status", tw.status, "ms", float64(time.Since(start).Microseconds())/1000)
+}
+
+func newRequestID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// timedWriter adds Server-Timing when the header is written (merging any
+// Server-Timing a proxied upstream sent).
+type timedWriter struct {
+	http.ResponseWriter
+	rec    *timing.Recorder
+	start  time.Time
+	wrote  bool
+	status int
+}
+
+func (w *timedWriter) WriteHeader(code int) {
+	if w.wrote {
+		return
+	}
+	w.wrote, w.status = true, code
+	v := w.rec.Header(time.Since(w.start))
+	if up := w.Header().Get("Server-Timing"); up != "" {
+		v = up + ", " + v
+	}
+	w.Header().Set("Server-Timing", v)
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *timedWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush lets streamed responses through.
+func (w *timedWriter) Flush() {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the connection (hijack for
+// WebSockets, deadlines).
+func (w *timedWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// authorized checks X-API-KEY on control-plane requests.
+func (s *Server) authorized(w http.ResponseWriter, r *http.Request, reqID string) bool {
+	if r.URL.Path == "/health" || r.URL.Path == "/openapi.yaml" {
+		return true
+	}
+	key := r.Header.Get("X-API-KEY")
+	if key == "" {
+		writeError(w, reqID, http.StatusUnauthorized, "missing API key: send it in the X-API-KEY header")
+		return false
+	}
+	for _, k := range s.cfg.APIKeys {
+		if subtle.ConstantTimeCompare([]byte(k), []byte(key)) == 1 {
+			return true
+		}
+	}
+	writeError(w, reqID, http.StatusUnauthorized, "invalid API key")
+	return false
+}
+
+// errorBody is the E2B error shape (code = HTTP status) plus our request id.
+type errorBody struct {
+	Code      int    `json:"code"`
+	Message   string `json:"message"`
+	RequestID string `json:"requestId,omitempty"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, reqID string, status int, msg string) {
+	if status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
+		w.Header().Set("Should-Retry", "false")
+	}
+	writeJSON(w, status, errorBody{Code: status, Message: msg, RequestID: reqID})
+}
+
+// statusOf maps an error class to its HTTP status: the one place that does.
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, errdefs.ErrInvalidArgument):
+		return http.StatusBadRequest
+	case errors.Is(err, errdefs.ErrAlreadyExists), errors.Is(err, errdefs.ErrFailedPrecondition):
+		return http.StatusConflict
+	case errors.Is(err, errdefs.ErrResourceExhausted):
+		return http.StatusTooManyRequests
+	case errors.Is(err, errdefs.ErrUnavailable):
+		return http.StatusServiceUnavailable
+	case errors.Is(err, errdefs.ErrUnauthenticated):
+		return http.StatusUnauthorized
+	}
+	return http.StatusInternalServerError
+}
+
+// fail answers with err's class and caller-facing message; internal detail
+// goes only to the log, under the request id.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status := statusOf(err)
+	msg := errdefs.UserMessage(err)
+	if msg == "" {
+		msg = "internal error (request " + requestID(w) + ")"
+	}
+	if status >= 500 {
+		s.log.Error("request failed", "request.id", requestID(w), "path", r.URL.Path, "err", err)
+	}
+	writeError(w, requestID(w), status, msg)
+}
+
+func requestID(w http.ResponseWriter) string { return w.Header().Get("X-Request-Id") }

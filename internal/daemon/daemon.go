@@ -1,0 +1,176 @@
+// Package daemon wires the parts of `cellfork serve` together: it validates
+// the configuration, takes the data directory's lock, opens the store,
+// builds templates, reconciles with running sandboxes and serves HTTP.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/api"
+	"github.com/cellfork/cellfork/internal/manager"
+	"github.com/cellfork/cellfork/internal/runtime/gvisor"
+	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/store"
+	"github.com/cellfork/cellfork/internal/template"
+)
+
+// Config is the whole daemon configuration; flags and environment variables
+// map onto it in cmd/cellfork, and docs/configuration.md describes it.
+type Config struct {
+	Addr           string
+	DataDir        string
+	Runsc          string
+	AgentDir       string
+	Domain         string
+	APIKeys        []string // empty: use (or create) <data>/api-key
+	MaxUploadBytes int64
+	DefaultLimits  sandbox.Limits
+	MaxLimits      sandbox.Limits
+	DefaultTimeout time.Duration
+	MaxTimeout     time.Duration
+}
+
+// Validate rejects configurations that cannot work.
+func (c *Config) Validate() error {
+	var errs []error
+	if !filepath.IsAbs(c.DataDir) {
+		errs = append(errs, fmt.Errorf("--data-dir must be an absolute path, got %q", c.DataDir))
+	}
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		errs = append(errs, fmt.Errorf("--addr %q: %w", c.Addr, err))
+	}
+	if c.MaxUploadBytes <= 0 {
+		errs = append(errs, errors.New("--max-upload-mb must be positive"))
+	}
+	if c.DefaultLimits.CPUCount > c.MaxLimits.CPUCount || c.DefaultLimits.MemoryMB > c.MaxLimits.MemoryMB {
+		errs = append(errs, errors.New("default CPU/memory limits exceed the maximum"))
+	}
+	if c.DefaultLimits.CPUCount < 1 || c.DefaultLimits.MemoryMB < 128 {
+		errs = append(errs, errors.New("default limits need at least 1 CPU and 128 MB"))
+	}
+	if c.DefaultTimeout <= 0 || c.DefaultTimeout > c.MaxTimeout {
+		errs = append(errs, errors.New("--default-timeout must be positive and at most --max-timeout"))
+	}
+	return errors.Join(errs...)
+}
+
+// Run serves until ctx is cancelled. Sandboxes keep running after it
+// returns; the next Run adopts them.
+func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("cellfork serve must run as root (it creates network namespaces and gVisor sandboxes)")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return err
+	}
+	unlock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if len(cfg.APIKeys) == 0 {
+		key, created, err := loadOrCreateKey(filepath.Join(cfg.DataDir, "api-key"))
+		if err != nil {
+			return err
+		}
+		if created {
+			fmt.Fprintf(out, "cellfork: generated API key %s (stored in %s)\n", key, filepath.Join(cfg.DataDir, "api-key"))
+		}
+		cfg.APIKeys = []string{key}
+	}
+	st, err := store.Open(filepath.Join(cfg.DataDir, "state.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	rt, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, Root: filepath.Join(cfg.DataDir, "runsc")})
+	if err != nil {
+		return err
+	}
+	tpl := template.NewRegistry(filepath.Join(cfg.DataDir, "templates"), cfg.AgentDir)
+	if _, err := tpl.Rootfs(ctx, "base", out); err != nil {
+		return err
+	}
+	m := manager.New(manager.Config{
+		DataDir: cfg.DataDir, DefaultLimits: cfg.DefaultLimits, MaxLimits: cfg.MaxLimits,
+		DefaultTimeout: cfg.DefaultTimeout, MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
+	}, rt, st, tpl, log)
+	if err := m.Reconcile(ctx); err != nil {
+		log.Warn("reconcile incomplete", "err", err)
+	}
+	defer m.Close()
+	h := api.New(api.Config{APIKeys: cfg.APIKeys, Domain: cfg.Domain, MaxUploadBytes: cfg.MaxUploadBytes}, m, log)
+	return serve(ctx, cfg.Addr, h, log, out)
+}
+
+func serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger, out io.Writer) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", addr, err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second, // slow clients cannot hold a connection forever
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	fmt.Fprintf(out, "cellfork: listening on http://%s\n", ln.Addr())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	return nil
+}
+
+// lockDataDir takes an exclusive lock so two daemons never share a data dir.
+func lockDataDir(dir string) (func(), error) {
+	path := filepath.Join(dir, "daemon.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		pid, _ := os.ReadFile(path)
+		f.Close()
+		return nil, fmt.Errorf("another cellfork daemon (pid %s) is using data directory %s", strings.TrimSpace(string(pid)), dir)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(fmt.Sprintf("%d\n", os.Getpid())), 0)
+	return func() { f.Close() }, nil
+}
+
+func loadOrCreateKey(path string) (key string, created bool, err error) {
+	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		return strings.TrimSpace(string(b)), false, nil
+	}
+	b := make([]byte, 20)
+	_, _ = rand.Read(b)
+	key = "cf_" + hex.EncodeToString(b)
+	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+		return "", false, fmt.Errorf("storing API key: %w", err)
+	}
+	return key, true, nil
+}

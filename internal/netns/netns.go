@@ -1,0 +1,256 @@
+// Package netns gives each sandbox its own network: two named network
+// namespaces joined by a veth pair.
+//
+//	router ns "<name>-r"  cf0  10.88.0.1/30  <--veth-->  eth0 10.88.0.2/30  sandbox ns "<name>-s"
+//
+// gVisor (--network=sandbox) takes over every interface of the sandbox
+// namespace, so the daemon cannot live there; it reaches the sandbox by
+// opening sockets inside the router namespace (Dial). Every sandbox sees the
+// same address, MAC and gateway, so a checkpoint restores into any other
+// Network unchanged (fork, rollback). Nothing in the router namespace listens
+// and it has no route anywhere else, so from inside a sandbox the host, the
+// daemon and every other sandbox are unreachable.
+package netns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// Addresses every sandbox sees.
+const (
+	SandboxIP = "10.88.0.2"
+	GatewayIP = "10.88.0.1"
+	prefixLen = 30
+)
+
+// sandboxMAC is fixed so that restored images find the same link address.
+var sandboxMAC = net.HardwareAddr{0x02, 0xcf, 0x00, 0x00, 0x00, 0x02}
+
+// Dir is where named network namespaces are mounted (as iproute2 does).
+const Dir = "/run/netns"
+
+// Network is one sandbox's pair of namespaces. Safe for concurrent use.
+type Network struct {
+	name   string
+	router netns.NsHandle
+}
+
+// Name returns the base name (the namespaces are name-r and name-s).
+func (n *Network) Name() string { return n.name }
+
+// SandboxPath is the namespace path to put in the sandbox's OCI spec.
+func (n *Network) SandboxPath() string { return filepath.Join(Dir, n.name+"-s") }
+
+// Create makes the namespaces and the link between them. On error nothing
+// is left behind.
+func Create(name string) (_ *Network, err error) {
+	if strings.ContainsAny(name, "/ ") || len(name) == 0 || len(name) > 60 {
+		return nil, fmt.Errorf("invalid network name %q", name)
+	}
+	n := &Network{name: name, router: -1}
+	defer func() {
+		if err != nil {
+			_ = n.Destroy()
+		}
+	}()
+	r, err := newNamed(name + "-r")
+	if err != nil {
+		return nil, err
+	}
+	n.router = r
+	s, err := newNamed(name + "-s")
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	if err := configure(r, s); err != nil {
+		return nil, fmt.Errorf("configuring network %s: %w", name, err)
+	}
+	return n, nil
+}
+
+// Open returns the Network of existing namespaces (after a daemon restart).
+func Open(name string) (*Network, error) {
+	r, err := netns.GetFromPath(filepath.Join(Dir, name+"-r"))
+	if err != nil {
+		return nil, fmt.Errorf("opening network %s: %w", name, err)
+	}
+	if _, err := os.Stat(filepath.Join(Dir, name+"-s")); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("opening network %s: %w", name, err)
+	}
+	return &Network{name: name, router: r}, nil
+}
+
+// newNamed creates a named namespace without moving the calling goroutine.
+func newNamed(name string) (netns.NsHandle, error) {
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return -1, fmt.Errorf("getting current netns: %w", err)
+	}
+	defer orig.Close()
+	h, err := netns.NewNamed(name)
+	if serr := netns.Set(orig); serr != nil {
+		// The thread is in the wrong namespace: keep it locked so the Go
+		// runtime discards it when this goroutine ends.
+		return -1, errors.Join(err, fmt.Errorf("restoring netns: %w", serr))
+	}
+	runtime.UnlockOSThread()
+	if err != nil {
+		return -1, fmt.Errorf("creating netns %s: %w", name, err)
+	}
+	return h, nil
+}
+
+func configure(r, s netns.NsHandle) error {
+	hr, err := netlink.NewHandleAt(r)
+	if err != nil {
+		return err
+	}
+	defer hr.Close()
+	hs, err := netlink.NewHandleAt(s)
+	if err != nil {
+		return err
+	}
+	defer hs.Close()
+	veth := &netlink.Veth{
+		LinkAttrs:        netlink.LinkAttrs{Name: "cf0"},
+		PeerName:         "eth0",
+		PeerHardwareAddr: sandboxMAC,
+		PeerNamespace:    netlink.NsFd(int(s)),
+	}
+	if err := hr.LinkAdd(veth); err != nil {
+		return fmt.Errorf("adding veth: %w", err)
+	}
+	if err := up(hr, "cf0", GatewayIP); err != nil {
+		return err
+	}
+	if err := up(hs, "eth0", SandboxIP); err != nil {
+		return err
+	}
+	eth0, err := hs.LinkByName("eth0")
+	if err != nil {
+		return err
+	}
+	gw := &netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP(GatewayIP)}
+	if err := hs.RouteAdd(gw); err != nil {
+		return fmt.Errorf("adding default route: %w", err)
+	}
+	return nil
+}
+
+// up brings lo and the named link up and gives the link addr/30.
+func up(h *netlink.Handle, link, addr string) error {
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return err
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("setting lo up: %w", err)
+	}
+	l, err := h.LinkByName(link)
+	if err != nil {
+		return err
+	}
+	a := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(addr), Mask: net.CIDRMask(prefixLen, 32)}}
+	if err := h.AddrAdd(l, a); err != nil {
+		return fmt.Errorf("adding %s to %s: %w", addr, link, err)
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		return fmt.Errorf("setting %s up: %w", link, err)
+	}
+	return nil
+}
+
+// Dial opens a TCP connection to port inside the sandbox. The socket is
+// created in the router namespace; the connection itself then works from
+// any thread.
+func (n *Network) Dial(ctx context.Context, port int) (net.Conn, error) {
+	addr := net.JoinHostPort(SandboxIP, strconv.Itoa(port))
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return nil, fmt.Errorf("getting current netns: %w", err)
+	}
+	defer orig.Close()
+	if err := netns.Set(n.router); err != nil {
+		runtime.UnlockOSThread()
+		return nil, fmt.Errorf("entering network %s: %w", n.name, err)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp4", addr)
+	if serr := netns.Set(orig); serr != nil {
+		if c != nil {
+			c.Close()
+		}
+		return nil, fmt.Errorf("leaving network %s: %w", n.name, serr) // thread stays locked and dies
+	}
+	runtime.UnlockOSThread()
+	return c, err
+}
+
+// Close releases the Network's handle without touching the namespaces.
+func (n *Network) Close() {
+	if n.router >= 0 {
+		n.router.Close()
+		n.router = -1
+	}
+}
+
+// Destroy removes both namespaces (and with them the veth pair). Removing a
+// namespace that is already gone is not an error.
+func (n *Network) Destroy() error {
+	n.Close()
+	return Remove(n.name)
+}
+
+// Remove deletes the namespaces of the named network, if they exist.
+func Remove(name string) error {
+	var errs []error
+	for _, suffix := range []string{"-r", "-s"} {
+		if err := netns.DeleteNamed(name + suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+			if _, serr := os.Stat(filepath.Join(Dir, name+suffix)); serr == nil {
+				errs = append(errs, fmt.Errorf("removing netns %s%s: %w", name, suffix, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// List returns the names of the networks whose namespaces start with prefix.
+func List(prefix string) ([]string, error) {
+	entries, err := os.ReadDir(Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var names []string
+	for _, e := range entries {
+		base, ok := strings.CutSuffix(e.Name(), "-r")
+		if !ok {
+			base, ok = strings.CutSuffix(e.Name(), "-s")
+		}
+		if ok && strings.HasPrefix(base, prefix) && !seen[base] {
+			seen[base] = true
+			names = append(names, base)
+		}
+	}
+	return names, nil
+}

@@ -1,0 +1,130 @@
+package gvisor
+
+import (
+	"github.com/cellfork/cellfork/internal/sandbox"
+)
+
+// The OCI runtime spec subset runsc reads. Declared here rather than
+// importing the whole runtime-spec module for a dozen fields.
+type ociConfig struct {
+	OCIVersion string     `json:"ociVersion"`
+	Process    ociProcess `json:"process"`
+	Root       ociRoot    `json:"root"`
+	Hostname   string     `json:"hostname"`
+	Mounts     []ociMount `json:"mounts"`
+	Linux      ociLinux   `json:"linux"`
+}
+
+type ociProcess struct {
+	Terminal     bool            `json:"terminal"`
+	User         ociUser         `json:"user"`
+	Args         []string        `json:"args"`
+	Env          []string        `json:"env"`
+	Cwd          string          `json:"cwd"`
+	Capabilities ociCapabilities `json:"capabilities"`
+	Rlimits      []ociRlimit     `json:"rlimits"`
+}
+
+type ociUser struct {
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
+}
+
+type ociCapabilities struct {
+	Bounding  []string `json:"bounding"`
+	Effective []string `json:"effective"`
+	Permitted []string `json:"permitted"`
+}
+
+type ociRlimit struct {
+	Type string `json:"type"`
+	Hard uint64 `json:"hard"`
+	Soft uint64 `json:"soft"`
+}
+
+type ociRoot struct {
+	Path     string `json:"path"`
+	Readonly bool   `json:"readonly"`
+}
+
+type ociMount struct {
+	Destination string   `json:"destination"`
+	Type        string   `json:"type"`
+	Source      string   `json:"source"`
+	Options     []string `json:"options,omitempty"`
+}
+
+type ociLinux struct {
+	Namespaces  []ociNamespace `json:"namespaces"`
+	Resources   ociResources   `json:"resources"`
+	CgroupsPath string         `json:"cgroupsPath"`
+}
+
+type ociNamespace struct {
+	Type string `json:"type"`
+	Path string `json:"path,omitempty"`
+}
+
+type ociResources struct {
+	Memory ociMemory `json:"memory"`
+	CPU    ociCPU    `json:"cpu"`
+	Pids   ociPids   `json:"pids"`
+}
+
+type ociMemory struct {
+	Limit int64 `json:"limit"`
+}
+
+type ociCPU struct {
+	Quota  int64  `json:"quota"`
+	Period uint64 `json:"period"`
+}
+
+type ociPids struct {
+	Limit int64 `json:"limit"`
+}
+
+// caps is what the agent (root inside the sandbox) needs to run processes
+// as other users and manage their files: Docker's default set. Processes it
+// starts as non-root users lose them.
+var caps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+const cpuPeriod = 100000 // µs
+
+func ociSpec(s sandbox.Spec, cgroupsPath string) ociConfig {
+	return ociConfig{
+		OCIVersion: "1.0.0",
+		Process: ociProcess{
+			Args:         s.Args,
+			Env:          s.Env,
+			Cwd:          "/",
+			Capabilities: ociCapabilities{Bounding: caps, Effective: caps, Permitted: caps},
+			Rlimits:      []ociRlimit{{Type: "RLIMIT_NOFILE", Hard: 1 << 20, Soft: 1 << 20}},
+		},
+		Root:     ociRoot{Path: s.Rootfs},
+		Hostname: "sandbox",
+		Mounts: []ociMount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs"},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts"},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm"},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"ro", "nosuid", "noexec", "nodev"}},
+		},
+		Linux: ociLinux{
+			Namespaces: []ociNamespace{
+				{Type: "pid"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"},
+				{Type: "network", Path: s.NetnsPath},
+			},
+			Resources: ociResources{
+				Memory: ociMemory{Limit: int64(s.Limits.MemoryMB) << 20},
+				CPU:    ociCPU{Quota: int64(s.Limits.CPUCount) * cpuPeriod, Period: cpuPeriod},
+				Pids:   ociPids{Limit: int64(s.Limits.PidsMax)},
+			},
+			CgroupsPath: cgroupsPath,
+		},
+	}
+}

@@ -1,0 +1,191 @@
+// Package template resolves template ids to root filesystems, builds the
+// built-in ones on demand (debootstrap, cached under the hash of their
+// definition) and installs the in-sandbox agent into them.
+package template
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/templates"
+)
+
+// aliases maps the template ids the E2B SDKs use by default to ours.
+var aliases = map[string]string{
+	"base":                "base",
+	"code-interpreter-v1": "base",
+	"code-interpreter":    "base",
+}
+
+// AgentFiles are the files installed into every rootfs under /opt/cellfork.
+var AgentFiles = []string{"cellfork-agent", "kernel.py"}
+
+// AgentDir is where the agent lives inside a sandbox.
+const AgentDir = "/opt/cellfork"
+
+// Registry knows the built-in templates. Safe for concurrent use.
+type Registry struct {
+	dataDir  string // <data>/templates
+	agentDir string // host directory holding AgentFiles
+	mu       sync.Mutex
+	ready    map[string]string // name -> rootfs path
+}
+
+// NewRegistry returns a registry that keeps rootfs trees under dataDir and
+// installs the agent from agentDir.
+func NewRegistry(dataDir, agentDir string) *Registry {
+	return &Registry{dataDir: dataDir, agentDir: agentDir, ready: map[string]string{}}
+}
+
+// Resolve maps a template id (or alias) to a built-in template name.
+func Resolve(id string) (string, error) {
+	if name, ok := aliases[id]; ok {
+		return name, nil
+	}
+	return "", errdefs.New(errdefs.ErrNotFound, "template %q not found (available: base, code-interpreter-v1)", id)
+}
+
+// Rootfs returns the rootfs of a built template, building it first if
+// needed. Build progress goes to progress.
+func (r *Registry) Rootfs(ctx context.Context, name string, progress io.Writer) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p, ok := r.ready[name]; ok {
+		return p, nil
+	}
+	p, err := r.build(ctx, name, progress)
+	if err != nil {
+		return "", err
+	}
+	r.ready[name] = p
+	return p, nil
+}
+
+// Hash identifies a template's definition.
+func Hash(name string) (string, error) {
+	h := sha256.New()
+	for _, f := range []string{"build-rootfs.sh", name + "/packages"} {
+		b, err := fs.ReadFile(templates.FS, f)
+		if err != nil {
+			return "", fmt.Errorf("reading template %s: %w", name, err)
+		}
+		fmt.Fprintf(h, "%s\x00%d\x00", f, len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+func (r *Registry) build(ctx context.Context, name string, progress io.Writer) (string, error) {
+	hash, err := Hash(name)
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(r.dataDir, name)
+	rootfs := filepath.Join(dir, hash, "rootfs")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	// Serialize builds across processes (`cellfork template build` and a
+	// starting daemon may race).
+	unlock, err := flock(filepath.Join(dir, ".lock"))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if _, err := os.Stat(rootfs); err != nil {
+		fmt.Fprintf(progress, "template %s: building rootfs %s (debootstrap, a few minutes)\n", name, hash)
+		if err := runBuild(ctx, name, rootfs, progress); err != nil {
+			return "", fmt.Errorf("building template %s: %w", name, err)
+		}
+		r.prune(dir, hash, progress)
+	}
+	if err := r.installAgent(rootfs); err != nil {
+		return "", fmt.Errorf("installing agent into template %s: %w", name, err)
+	}
+	return rootfs, nil
+}
+
+func runBuild(ctx context.Context, name, rootfs string, progress io.Writer) error {
+	tmp, err := os.MkdirTemp("", "cellfork-template-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	for _, f := range []string{"build-rootfs.sh", "packages"} {
+		src := f
+		if f == "packages" {
+			src = name + "/packages"
+		}
+		b, err := fs.ReadFile(templates.FS, src)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(tmp, f), b, 0o755); err != nil {
+			return err
+		}
+	}
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(tmp, "build-rootfs.sh"), filepath.Join(tmp, "packages"), rootfs)
+	cmd.Stdout, cmd.Stderr = progress, progress
+	return cmd.Run()
+}
+
+// prune removes rootfs trees of older definitions of the template.
+func (r *Registry) prune(dir, keep string, progress io.Writer) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if e.IsDir() && e.Name() != keep {
+			fmt.Fprintf(progress, "template: removing old rootfs %s\n", e.Name())
+			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// installAgent copies the agent files into rootfs/opt/cellfork when they
+// differ, by rename so running sandboxes keep the inode they opened.
+func (r *Registry) installAgent(rootfs string) error {
+	dst := filepath.Join(rootfs, AgentDir)
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	for _, f := range AgentFiles {
+		want, err := os.ReadFile(filepath.Join(r.agentDir, f))
+		if err != nil {
+			return fmt.Errorf("agent file missing (run `make build`): %w", err)
+		}
+		have, _ := os.ReadFile(filepath.Join(dst, f))
+		if bytes.Equal(want, have) {
+			continue
+		}
+		tmp := filepath.Join(dst, "."+f+".tmp")
+		if err := os.WriteFile(tmp, want, 0o755); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, filepath.Join(dst, f)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func flock(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	return func() { f.Close() }, nil
+}

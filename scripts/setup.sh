@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# setup.sh: install what cellfork needs on a Debian 12 host, idempotently.
+# Installs: Debian packages, a pinned static runsc with its sidecars, and a
+# Python virtualenv (.venv) with the test and SDK dependencies.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNSC_VERSION=v0.0.0-20260905035102-160fafc42237
+LIBDIR=${CELLFORK_LIBDIR:-/usr/local/lib/cellfork}
+step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+[ "$(id -u)" = 0 ] || { echo "setup: run as root (cellfork manages network namespaces and gVisor sandboxes)" >&2; exit 1; }
+
+need_pkgs=()
+for p in debootstrap iproute2 nftables gcc python3-venv ca-certificates; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need_pkgs+=("$p")
+done
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  step "installing Debian packages: ${need_pkgs[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+command -v go >/dev/null || { echo "setup: Go 1.24+ is required (https://go.dev/doc/install)" >&2; exit 1; }
+
+if [ "$(cat "$LIBDIR/runsc.version" 2>/dev/null)" != "$RUNSC_VERSION" ] || [ ! -x "$LIBDIR/runsc" ]; then
+  step "installing runsc $RUNSC_VERSION (static build, about a minute)"
+  mkdir -p "$LIBDIR/gvisor-bin"
+  tmp=$(mktemp -d)
+  CGO_ENABLED=0 GOBIN="$tmp" go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
+  install -m 0755 "$tmp/runsc" "$LIBDIR/runsc"
+  rm -rf "$tmp"
+  echo "$RUNSC_VERSION" > "$LIBDIR/runsc.version"
+fi
+# Sidecars (runsc 2026-09 warns they become mandatory): the sentry is runsc
+# itself; the prewarmer is ours (internal/runtime/gvisor/prewarmer).
+if ! cmp -s "$LIBDIR/runsc" "$LIBDIR/gvisor-bin/gvisor_sentry"; then
+  install -m 0755 "$LIBDIR/runsc" "$LIBDIR/gvisor-bin/gvisor_sentry"
+fi
+prewarmer_src=internal/runtime/gvisor/prewarmer/prewarmer.c
+if [ ! -x "$LIBDIR/gvisor-bin/gvisor-sentry-prewarmer" ] || [ "$prewarmer_src" -nt "$LIBDIR/gvisor-bin/gvisor-sentry-prewarmer" ]; then
+  step "building the gVisor prewarmer sidecar"
+  cc -O2 -o "$LIBDIR/gvisor-bin/gvisor-sentry-prewarmer" "$prewarmer_src"
+fi
+
+if [ ! -x .venv/bin/python ] || [ tests/requirements.txt -nt .venv/.installed ] || [ sdk/python/pyproject.toml -nt .venv/.installed ]; then
+  step "installing Python dependencies into .venv"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -r tests/requirements.txt -e sdk/python
+  touch .venv/.installed
+fi
+step "setup complete"
