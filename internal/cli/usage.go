@@ -10,6 +10,7 @@ const usageMain = `Usage: cellfork [global flags] <command> [flags] [args]
 
 Commands:
   serve                         run the daemon
+  template build [NAME]         build a template's root filesystem locally
   sandbox create                create a sandbox and print its id
   sandbox list                  list sandboxes
   sandbox kill ID...            kill sandboxes
