@@ -57,12 +57,6 @@ func lookupAccount(s *agent.Settings, name string) (agent.Account, error) {
 // expand to the home directory, and other relative paths are relative to
 // the home directory.
 func resolvePath(p string, acc agent.Account, workdir string) (string, error) {
-	if strings.IndexByte(p, 0) >= 0 {
-		return "", invalidf("invalid path %q: contains a NUL byte", p)
-	}
-	if len(p) > maxPathLen {
-		return "", invalidf("invalid path: longer than %d bytes", maxPathLen)
-	}
 	home := acc.Home
 	if !filepath.IsAbs(home) {
 		home = "/" + home
@@ -76,6 +70,12 @@ func resolvePath(p string, acc agent.Account, workdir string) (string, error) {
 		p = home + p[1:]
 	case p[0] == '~':
 		return "", invalidf("invalid path %q: cannot expand another user's home directory", p)
+	}
+	if strings.IndexByte(p, 0) >= 0 {
+		return "", invalidf("invalid path %q: contains a NUL byte", p)
+	}
+	if len(p) > maxPathLen {
+		return "", invalidf("invalid path: longer than %d bytes", maxPathLen)
 	}
 	if !filepath.IsAbs(p) {
 		p = filepath.Join(home, p)

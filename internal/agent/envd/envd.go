@@ -76,7 +76,7 @@ func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if req.DefaultWorkdir != "" && req.DefaultWorkdir[0] != '/' {
+	if req.DefaultWorkdir != "" && (req.DefaultWorkdir[0] != '/' || containsNUL(req.DefaultWorkdir)) {
 		writeError(w, "init", invalidf("defaultWorkdir must be absolute, got %q", req.DefaultWorkdir))
 		return
 	}

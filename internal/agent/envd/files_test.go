@@ -1,0 +1,292 @@
+package envd
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// apiError is the error body of the plain HTTP endpoints.
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *env) do(method, path string, q url.Values, body io.Reader, hdr http.Header) (*http.Response, []byte) {
+	e.t.Helper()
+	req, err := http.NewRequest(method, e.srv.URL+path+"?"+q.Encode(), body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	res, err := e.srv.Client().Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return res, b
+}
+
+// multipartBody builds a body like httpx does for the SDK: one "file" part
+// per file, filename = the target path.
+func multipartBody(t *testing.T, files map[string]string, order []string) (string, *bytes.Buffer) {
+	t.Helper()
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	for _, name := range order {
+		h := textproto.MIMEHeader{}
+		h.Set("Content-Disposition", fmt.Sprintf(`form-data; name="file"; filename="%s"`, strings.ReplaceAll(name, `"`, "%22")))
+		h.Set("Content-Type", "text/plain")
+		pw, err := mw.CreatePart(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = pw.Write([]byte(files[name]))
+	}
+	_ = mw.Close()
+	return mw.FormDataContentType(), &buf
+}
+
+func decodeWritten(t *testing.T, b []byte) []writtenFile {
+	t.Helper()
+	var out []writtenFile
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatalf("body %q: %v", b, err)
+	}
+	return out
+}
+
+func wantAPIError(t *testing.T, res *http.Response, body []byte, status int) {
+	t.Helper()
+	var ae apiError
+	if res.StatusCode != status || json.Unmarshal(body, &ae) != nil || ae.Code != status || ae.Message == "" {
+		t.Fatalf("got %d %q, want %d with a JSON error body", res.StatusCode, body, status)
+	}
+}
+
+func TestUploadMultipartSingleAndDownload(t *testing.T) {
+	e := newEnv(t)
+	path := filepath.Join(e.dir, "new", "a.txt")
+	ct, body := multipartBody(t, map[string]string{path: "hello"}, []string{path})
+	res, b := e.do("POST", "/files", url.Values{"path": {path}, "username": {"nobody"}}, body, http.Header{"Content-Type": {ct}})
+	if res.StatusCode != 200 {
+		t.Fatalf("%d %s", res.StatusCode, b)
+	}
+	got := decodeWritten(t, b)
+	if len(got) != 1 || got[0].Name != "a.txt" || got[0].Type != "file" || got[0].Path != path || got[0].Metadata != nil {
+		t.Fatalf("response %s", b)
+	}
+	for _, p := range []string{path, filepath.Dir(path)} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != 65534 || st.Gid != 65534 {
+			t.Fatalf("%s owned by %d:%d, want nobody", p, st.Uid, st.Gid)
+		}
+	}
+
+	// Overwrite, then download.
+	ct, body = multipartBody(t, map[string]string{path: "second"}, []string{path})
+	if res, b := e.do("POST", "/files", url.Values{"path": {path}}, body, http.Header{"Content-Type": {ct}}); res.StatusCode != 200 {
+		t.Fatalf("%d %s", res.StatusCode, b)
+	}
+	res, b = e.do("GET", "/files", url.Values{"path": {path}}, nil, nil)
+	if res.StatusCode != 200 || string(b) != "second" {
+		t.Fatalf("download: %d %q", res.StatusCode, b)
+	}
+	if cd := res.Header.Get("Content-Disposition"); !strings.Contains(cd, "a.txt") {
+		t.Fatalf("Content-Disposition %q", cd)
+	}
+}
+
+func TestUploadMultipartSeveralFiles(t *testing.T) {
+	e := newEnv(t)
+	p1 := filepath.Join(e.dir, "one.txt")
+	p2 := filepath.Join(e.dir, "deep", `quo"te.txt`)
+	ct, body := multipartBody(t, map[string]string{p1: "1", p2: "2"}, []string{p1, p2})
+	res, b := e.do("POST", "/files", nil, body, http.Header{"Content-Type": {ct}})
+	if res.StatusCode != 200 {
+		t.Fatalf("%d %s", res.StatusCode, b)
+	}
+	got := decodeWritten(t, b)
+	if len(got) != 2 || got[0].Path != p1 || got[1].Path != p2 || got[1].Name != `quo"te.txt` {
+		t.Fatalf("response %s", b)
+	}
+	for p, want := range map[string]string{p1: "1", p2: "2"} {
+		if c, err := os.ReadFile(p); err != nil || string(c) != want {
+			t.Fatalf("%s = %q (%v)", p, c, err)
+		}
+	}
+
+	// The same path twice in one request is refused.
+	ct, body = multipartBody(t, map[string]string{p1: "1"}, []string{p1, p1})
+	res, b = e.do("POST", "/files", nil, body, http.Header{"Content-Type": {ct}})
+	wantAPIError(t, res, b, 400)
+	// No file part at all.
+	ct, body = multipartBody(t, nil, nil)
+	res, b = e.do("POST", "/files", nil, body, http.Header{"Content-Type": {ct}})
+	wantAPIError(t, res, b, 400)
+}
+
+func TestUploadOctetStreamGzipAndMetadata(t *testing.T) {
+	e := newEnv(t)
+	path := filepath.Join(e.dir, "raw.bin")
+	payload := bytes.Repeat([]byte("0123456789"), 100000)
+	res, b := e.do("POST", "/files", url.Values{"path": {path}}, bytes.NewReader(payload), http.Header{
+		"Content-Type":     {"application/octet-stream"},
+		"X-Metadata-Owner": {"Alice"},
+		"X-Metadata-Tag":   {"t1"},
+	})
+	if res.StatusCode != 200 {
+		t.Fatalf("%d %s", res.StatusCode, b)
+	}
+	if c, _ := os.ReadFile(path); !bytes.Equal(c, payload) {
+		t.Fatal("raw upload content differs")
+	}
+	got := decodeWritten(t, b)
+	if got[0].Metadata["owner"] != "Alice" || got[0].Metadata["tag"] != "t1" {
+		t.Fatalf("response %s", b)
+	}
+	if md := readMetadata(path); md != nil && (md["owner"] != "Alice" || md["tag"] != "t1") {
+		t.Fatalf("xattrs = %v", md)
+	}
+
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write([]byte("compressed content"))
+	_ = zw.Close()
+	res, b = e.do("POST", "/files", url.Values{"path": {path}}, &gz, http.Header{
+		"Content-Type": {"application/octet-stream"}, "Content-Encoding": {"gzip"},
+	})
+	if res.StatusCode != 200 {
+		t.Fatalf("%d %s", res.StatusCode, b)
+	}
+	if c, _ := os.ReadFile(path); string(c) != "compressed content" {
+		t.Fatalf("gzip upload wrote %q", c)
+	}
+
+	res, b = e.do("POST", "/files", url.Values{"path": {path}}, strings.NewReader("not gzip"), http.Header{
+		"Content-Type": {"application/octet-stream"}, "Content-Encoding": {"gzip"},
+	})
+	wantAPIError(t, res, b, 400)
+	res, b = e.do("POST", "/files", nil, strings.NewReader("x"), http.Header{"Content-Type": {"application/octet-stream"}})
+	wantAPIError(t, res, b, 400)
+	res, b = e.do("POST", "/files", url.Values{"path": {path}}, strings.NewReader("x"), http.Header{"Content-Type": {"text/plain"}})
+	wantAPIError(t, res, b, 400)
+}
+
+func TestUploadErrors(t *testing.T) {
+	e := newEnv(t)
+	raw := http.Header{"Content-Type": {"application/octet-stream"}}
+	res, b := e.do("POST", "/files", url.Values{"path": {filepath.Join(e.dir, "x")}, "username": {"no-such-user-xyz"}}, strings.NewReader("x"), raw)
+	wantAPIError(t, res, b, 401)
+	res, b = e.do("POST", "/files", url.Values{"path": {e.dir}}, strings.NewReader("x"), raw)
+	wantAPIError(t, res, b, 400)
+	res, b = e.do("POST", "/files", url.Values{"path": {"/tmp/a\x00b"}}, strings.NewReader("x"), raw)
+	wantAPIError(t, res, b, 400)
+	mustWrite(t, filepath.Join(e.dir, "file"), "")
+	res, b = e.do("POST", "/files", url.Values{"path": {filepath.Join(e.dir, "file", "below")}}, strings.NewReader("x"), raw)
+	wantAPIError(t, res, b, 400)
+}
+
+func TestUploadRelativePathGoesToHome(t *testing.T) {
+	e := newEnv(t)
+	rel := fmt.Sprintf(".cellfork-envd-test-%d/f.txt", os.Getpid())
+	t.Cleanup(func() { _ = os.RemoveAll(filepath.Join("/root", filepath.Dir(rel))) })
+	res, b := e.do("POST", "/files", url.Values{"path": {rel}}, strings.NewReader("rel"), http.Header{"Content-Type": {"application/octet-stream"}})
+	if res.StatusCode != 200 || decodeWritten(t, b)[0].Path != filepath.Join("/root", rel) {
+		t.Fatalf("%d %s", res.StatusCode, b)
+	}
+	res, b = e.do("GET", "/files", url.Values{"path": {"~/" + rel}}, nil, nil)
+	if res.StatusCode != 200 || string(b) != "rel" {
+		t.Fatalf("%d %q", res.StatusCode, b)
+	}
+}
+
+func TestUploadSizeLimit(t *testing.T) {
+	t.Setenv("CELLFORK_MAX_UPLOAD_BYTES", "100")
+	e := newEnv(t)
+	path := filepath.Join(e.dir, "big")
+	raw := http.Header{"Content-Type": {"application/octet-stream"}}
+	res, b := e.do("POST", "/files", url.Values{"path": {path}}, bytes.NewReader(make([]byte, 101)), raw)
+	wantAPIError(t, res, b, 413)
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatal("a partial file was left behind")
+	}
+	// Small on the wire, too large once inflated.
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write(make([]byte, 10000))
+	_ = zw.Close()
+	res, b = e.do("POST", "/files", url.Values{"path": {path}}, &gz, http.Header{"Content-Type": raw["Content-Type"], "Content-Encoding": {"gzip"}})
+	wantAPIError(t, res, b, 413)
+	res, b = e.do("POST", "/files", url.Values{"path": {path}}, bytes.NewReader(make([]byte, 100)), raw)
+	if res.StatusCode != 200 {
+		t.Fatalf("%d %s", res.StatusCode, b)
+	}
+}
+
+func TestDownloadErrors(t *testing.T) {
+	e := newEnv(t)
+	res, b := e.do("GET", "/files", url.Values{"path": {filepath.Join(e.dir, "missing")}}, nil, nil)
+	wantAPIError(t, res, b, 404)
+	res, b = e.do("GET", "/files", url.Values{"path": {e.dir}}, nil, nil)
+	wantAPIError(t, res, b, 400)
+	res, b = e.do("GET", "/files", url.Values{"path": {"/etc/hostname"}, "username": {"no-such-user-xyz"}}, nil, nil)
+	wantAPIError(t, res, b, 401)
+}
+
+func TestHealthInitEnvsMetrics(t *testing.T) {
+	e := newEnv(t)
+	if res, _ := e.do("GET", "/health", nil, nil, nil); res.StatusCode != 204 {
+		t.Fatalf("health %d", res.StatusCode)
+	}
+	body := `{"envVars":{"A":"1"},"defaultUser":"nobody","defaultWorkdir":"/tmp","accessToken":"ignored"}`
+	if res, b := e.do("POST", "/init", nil, strings.NewReader(body), nil); res.StatusCode != 204 {
+		t.Fatalf("init %d %s", res.StatusCode, b)
+	}
+	if e.settings.User() != "nobody" || e.settings.Workdir() != "/tmp" {
+		t.Fatalf("settings %q %q", e.settings.User(), e.settings.Workdir())
+	}
+	res, b := e.do("GET", "/envs", nil, nil, nil)
+	var envs map[string]string
+	if res.StatusCode != 200 || json.Unmarshal(b, &envs) != nil || envs["A"] != "1" || envs["CELLFORK_GLOBAL"] != "g" {
+		t.Fatalf("envs %d %s", res.StatusCode, b)
+	}
+	res, b = e.do("POST", "/init", nil, strings.NewReader(`{"envVars":{"A=B":"1"}}`), nil)
+	wantAPIError(t, res, b, 400)
+	res, b = e.do("POST", "/init", nil, strings.NewReader(`not json`), nil)
+	wantAPIError(t, res, b, 400)
+
+	res, b = e.do("GET", "/metrics", nil, nil, nil)
+	var m map[string]float64
+	if res.StatusCode != 200 || json.Unmarshal(b, &m) != nil {
+		t.Fatalf("metrics %d %s", res.StatusCode, b)
+	}
+	for _, k := range []string{"ts", "cpu_count", "cpu_used_pct", "mem_total", "mem_used", "disk_used", "disk_total"} {
+		if _, ok := m[k]; !ok {
+			t.Fatalf("metrics lack %s: %s", k, b)
+		}
+	}
+	if m["cpu_count"] < 1 || m["mem_total"] <= 0 || m["disk_total"] <= 0 || m["cpu_used_pct"] < 0 || m["cpu_used_pct"] > 100 {
+		t.Fatalf("implausible metrics %s", b)
+	}
+}
