@@ -1,11 +1,15 @@
 package envd
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,11 +42,31 @@ func newEnv(t *testing.T) *env {
 	s.Init("root", dir, map[string]string{"CELLFORK_GLOBAL": "g"})
 	srv := httptest.NewServer(New(s))
 	t.Cleanup(srv.Close)
+	t.Cleanup(func() { poll(t, "no leaked child processes", func() bool { return len(children()) == 0 }) })
 	return &env{
 		t: t, dir: dir, settings: s, srv: srv,
 		proc: processconnect.NewProcessClient(srv.Client(), srv.URL, connect.WithProtoJSON()),
 		fs:   filesystemconnect.NewFilesystemClient(srv.Client(), srv.URL, connect.WithProtoJSON()),
 	}
+}
+
+// children returns the live (non-zombie) child processes of the test.
+func children() []string {
+	var out []string
+	self := strconv.Itoa(os.Getpid())
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...; comm may contain spaces.
+		fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(fields) > 1 && fields[1] == self && fields[0] != "Z" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // asUser sets the user-selection header the SDK sends.

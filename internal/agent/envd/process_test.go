@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -368,12 +369,17 @@ func TestKeepalive(t *testing.T) {
 func TestGrandchildHoldingPipesDoesNotBlockEnd(t *testing.T) {
 	e := newEnv(t)
 	begin := time.Now()
-	r, err := e.start(ctxTimeout(t, 20*time.Second), bash("sleep 30 & echo bye"), nil)
+	r, err := e.start(ctxTimeout(t, 20*time.Second), bash("sleep 30 & echo $!"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if time.Since(begin) > 5*time.Second || r.stdout.String() != "bye\n" || r.end == nil {
-		t.Fatalf("took %v, stdout %q, end %v", time.Since(begin), r.stdout.String(), r.end)
+	var orphan int
+	if _, err := fmt.Sscan(r.stdout.String(), &orphan); err != nil || orphan <= 0 {
+		t.Fatalf("stdout %q", r.stdout.String())
+	}
+	defer syscall.Kill(orphan, syscall.SIGKILL)
+	if time.Since(begin) > 5*time.Second || r.end == nil {
+		t.Fatalf("took %v, end %v", time.Since(begin), r.end)
 	}
 }
 
@@ -430,12 +436,10 @@ func TestPTY(t *testing.T) {
 	})); err != nil {
 		t.Fatal(err)
 	}
+	_, err = e.proc.CloseStdin(ctx, connect.NewRequest(&process.CloseStdinRequest{Process: sel}))
+	wantCode(t, err, connect.CodeFailedPrecondition)
 	send("stty size; exit 7\n")
 	readUntil("30 100")
-	_, err = e.proc.CloseStdin(ctx, connect.NewRequest(&process.CloseStdinRequest{Process: sel}))
-	if err != nil {
-		wantCode(t, err, connect.CodeFailedPrecondition)
-	}
 	r, err := collect(t, s, func() *process.ProcessEvent { return s.Msg().GetEvent() })
 	if err != nil || r.end.GetExitCode() != 7 {
 		t.Fatalf("err %v end %v", err, r.end)

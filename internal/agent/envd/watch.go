@@ -90,15 +90,20 @@ func (d *dirWatcher) close() {
 }
 
 // addTree watches the directories below dir. With announce, it also emits
-// CREATE for everything found, since entries created before the watch was
-// set up produce no event of their own (`mkdir -p a/b/c`).
+// CREATE (and WRITE for non-empty files) for everything found, since
+// entries made before the watch was set up produce no event of their own
+// (`mkdir -p a/b && echo x > a/b/f`).
 func (d *dirWatcher) addTree(dir string, announce bool) {
 	_ = filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
 		if err != nil || p == dir {
 			return nil
 		}
 		if announce {
-			d.emit(p, fsnotify.Create)
+			op := fsnotify.Create
+			if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
+				op |= fsnotify.Write
+			}
+			d.emit(p, op)
 		}
 		if e.IsDir() {
 			_ = d.w.Add(p) // best effort: inotify watch limits

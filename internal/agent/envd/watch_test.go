@@ -68,6 +68,10 @@ func TestWatchDirStream(t *testing.T) {
 	if seen["EVENT_TYPE_REMOVE renamed.txt"].Entry != nil {
 		t.Fatal("a removed file has an entry")
 	}
+	// A file written into fresh directories before they are watched is
+	// still reported as created and written.
+	mustWrite(t, filepath.Join(e.dir, "n1", "n2", "n3", "f"), "z")
+	wait("EVENT_TYPE_CREATE n1/n2/n3", "EVENT_TYPE_CREATE n1/n2/n3/f", "EVENT_TYPE_WRITE n1/n2/n3/f")
 	for keepalives == 0 {
 		if !s.Receive() {
 			t.Fatal(s.Err())
