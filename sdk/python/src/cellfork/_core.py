@@ -458,9 +458,12 @@ class SandboxCore(ApiCore):
             "env_vars": dict(envs) if envs else None,
         }
         rt = _pick_timeout(request_timeout, self.config.request_timeout)
+        # The server writes a keepalive line every few seconds, and the twins
+        # check the deadline after each line; a read that waits longer than
+        # the whole deadline has certainly overrun it.
         return RequestSpec(
             "POST", "/execute", self.data_headers(CODE_INTERPRETER_PORT), json=body,
-            timeout=httpx.Timeout(rt, read=None if timeout is None else timeout + STREAM_READ_SLACK),
+            timeout=httpx.Timeout(rt, read=timeout),
         )
 
     def create_context_request(

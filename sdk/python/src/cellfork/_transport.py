@@ -38,6 +38,8 @@ class SyncHTTP:
 
     def request(self, spec: RequestSpec) -> httpx.Response:
         """Send, retrying per policy; raise the typed error on failure."""
+        if self.client.is_closed:
+            raise closed_error()
         attempt = 0
         while True:
             try:
@@ -57,6 +59,8 @@ class SyncHTTP:
     def open_stream(self, spec: RequestSpec) -> httpx.Response:
         """Send and return the streamed response once its status is checked
         (2xx); the caller must close it."""
+        if self.client.is_closed:
+            raise closed_error()
         with translating():
             request = self.client.build_request(spec.method, spec.path, **spec.httpx_kwargs())
             response = self.client.send(request, stream=True)
@@ -99,6 +103,8 @@ class AsyncHTTP:
 
     async def request(self, spec: RequestSpec) -> httpx.Response:
         """Send, retrying per policy; raise the typed error on failure."""
+        if self.client.is_closed:
+            raise closed_error()
         attempt = 0
         while True:
             try:
@@ -118,6 +124,8 @@ class AsyncHTTP:
     async def open_stream(self, spec: RequestSpec) -> httpx.Response:
         """Send and return the streamed response once its status is checked
         (2xx); the caller must close it."""
+        if self.client.is_closed:
+            raise closed_error()
         with translating():
             request = self.client.build_request(spec.method, spec.path, **spec.httpx_kwargs())
             response = await self.client.send(request, stream=True)
@@ -145,12 +153,23 @@ class AsyncHTTP:
 
 
 @contextmanager
-def translating() -> Iterator[None]:
+def translating(read_timeout_message: str | None = None) -> Iterator[None]:
     """Re-raise httpx transport errors as SDK errors (for stream reads)."""
     try:
         yield
+    except httpx.ReadTimeout as exc:
+        if read_timeout_message is None:
+            raise translate_transport_error(exc) from exc
+        raise TimeoutError(read_timeout_message) from exc
     except httpx.TransportError as exc:
         raise translate_transport_error(exc) from exc
+
+
+def closed_error() -> CellforkError:
+    return CellforkError(
+        "this sandbox object is closed (after close() or leaving its `with` block); "
+        "use connect() to attach to a running sandbox again"
+    )
 
 
 def fire(calls: list[Call]) -> None:

@@ -213,14 +213,14 @@ class AsyncSandbox:
                                    on_result=on_result, on_error=on_error)
         decoder = NDJSONDecoder()
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        overrun = f"code execution exceeded {deadline_s:g} s"
         async with self._http.stream(spec) as response:
-            with translating():
+            with translating(overrun):
                 async for chunk in response.aiter_bytes():
                     for event in decoder.feed(chunk):
                         await afire(acc.handle(event))
                     if deadline is not None and time.monotonic() > deadline:
-                        raise TimeoutError(f"code execution exceeded {deadline_s:g} s",
-                                           request_id=request_id(response))
+                        raise TimeoutError(overrun, request_id=request_id(response))
             for event in decoder.close():
                 await afire(acc.handle(event))
         return acc.finish()

@@ -211,13 +211,13 @@ class Sandbox:
                                    on_result=on_result, on_error=on_error)
         decoder = NDJSONDecoder()
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
-        with self._http.stream(spec) as response, translating():
+        overrun = f"code execution exceeded {deadline_s:g} s"
+        with self._http.stream(spec) as response, translating(overrun):
             for chunk in response.iter_bytes():
                 for event in decoder.feed(chunk):
                     fire(acc.handle(event))
                 if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"code execution exceeded {deadline_s:g} s",
-                                       request_id=request_id(response))
+                    raise TimeoutError(overrun, request_id=request_id(response))
             for event in decoder.close():
                 fire(acc.handle(event))
         return acc.finish()
