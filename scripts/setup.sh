@@ -12,7 +12,7 @@ step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 [ "$(id -u)" = 0 ] || { echo "setup: run as root (cellfork manages network namespaces and gVisor sandboxes)" >&2; exit 1; }
 
 need_pkgs=()
-for p in debootstrap iproute2 nftables gcc python3-venv ca-certificates; do
+for p in debootstrap iproute2 nftables gcc python3-venv ca-certificates curl protobuf-compiler; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
@@ -22,6 +22,11 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
 fi
 
 command -v go >/dev/null || { echo "setup: Go 1.24+ is required (https://go.dev/doc/install)" >&2; exit 1; }
+
+# Code generators, pinned (scripts/check-generated.sh compares their output).
+gobin=$(go env GOPATH)/bin
+[ -x "$gobin/protoc-gen-go" ] || go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.11
+[ -x "$gobin/protoc-gen-connect-go" ] || go install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.19.1
 
 if [ "$(cat "$LIBDIR/runsc.version" 2>/dev/null)" != "$RUNSC_VERSION" ] || [ ! -x "$LIBDIR/runsc" ]; then
   step "installing runsc $RUNSC_VERSION (static build, about a minute)"

@@ -36,6 +36,7 @@ func serve(ctx context.Context, args []string) int {
 	cfg := daemon.Config{}
 	fs.StringVar(&cfg.Addr, "addr", envOr("CELLFORK_ADDR", "127.0.0.1:3000"), "listen address (env CELLFORK_ADDR)")
 	fs.StringVar(&cfg.DataDir, "data-dir", envOr("CELLFORK_DATA_DIR", "/var/lib/cellfork"), "data directory (env CELLFORK_DATA_DIR)")
+	fs.StringVar(&cfg.TemplateDir, "template-dir", os.Getenv("CELLFORK_TEMPLATE_DIR"), "template cache (default DATA_DIR/templates; env CELLFORK_TEMPLATE_DIR)")
 	fs.StringVar(&cfg.Runsc, "runsc", envOr("CELLFORK_RUNSC", "/usr/local/lib/cellfork/runsc"), "static runsc binary (env CELLFORK_RUNSC)")
 	fs.StringVar(&cfg.AgentDir, "agent-dir", defaultAgentDir(), "directory with cellfork-agent and kernel.py")
 	fs.StringVar(&cfg.Domain, "domain", os.Getenv("CELLFORK_DOMAIN"), "sandbox domain reported to SDKs for {port}-{id}.{domain} hosts (env CELLFORK_DOMAIN)")

@@ -32,6 +32,7 @@ import (
 type Config struct {
 	Addr           string
 	DataDir        string
+	TemplateDir    string // default <DataDir>/templates
 	Runsc          string
 	AgentDir       string
 	Domain         string
@@ -103,7 +104,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	if err != nil {
 		return err
 	}
-	tpl := template.NewRegistry(filepath.Join(cfg.DataDir, "templates"), cfg.AgentDir)
+	if cfg.TemplateDir == "" {
+		cfg.TemplateDir = filepath.Join(cfg.DataDir, "templates")
+	}
+	tpl := template.NewRegistry(cfg.TemplateDir, cfg.AgentDir)
 	if _, err := tpl.Rootfs(ctx, "base", out); err != nil {
 		return err
 	}

@@ -1,0 +1,57 @@
+package integration
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestDaemonRestart: a crashed daemon's successor adopts the sandboxes that
+// still run, and removes what it cannot account for. A second daemon on the
+// same data directory refuses to start.
+func TestDaemonRestart(t *testing.T) {
+	sb := create(t, map[string]any{"timeout": 300})
+	run(t, sb, "", "echo kept > /home/user/state.txt")
+
+	second := exec.Command(filepath.Join(repoRoot, "bin", "cellfork"), "serve", "--addr", freeAddr(), "--data-dir", d.dataDir, "--template-dir", templateDir())
+	second.Env = append(os.Environ(), "CELLFORK_API_KEY="+apiKey)
+	out, err := second.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another cellfork daemon") {
+		t.Fatalf("second daemon on the same data dir: err=%v out=%s", err, out)
+	}
+
+	// Crash the daemon, leave junk behind, start a new one on the same port.
+	addr := strings.TrimPrefix(d.url, "http://")
+	_ = d.cmd.Process.Signal(unix.SIGKILL)
+	time.Sleep(200 * time.Millisecond)
+	stray := "cf-strayzzzzzzzzzzzzzzz"
+	for _, suffix := range []string{"-r", "-s"} {
+		if err := exec.Command("ip", "netns", "add", stray+suffix).Run(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	strayDir := filepath.Join(d.dataDir, "sandboxes", "strayzzzzzzzzzzzzzzz")
+	_ = os.MkdirAll(strayDir, 0o700)
+
+	nd, err := startDaemon(d.dataDir, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d = nd
+	if out, _, _ := run(t, sb, "", "cat /home/user/state.txt"); out != "kept\n" {
+		t.Errorf("adopted sandbox lost its state: %q", out)
+	}
+	if r := call(t, "GET", "/sandboxes/"+sb.SandboxID, nil); r.status != 200 {
+		t.Errorf("adopted sandbox: %d %s", r.status, r.body)
+	}
+	for _, p := range []string{"/run/netns/" + stray + "-r", "/run/netns/" + stray + "-s", strayDir} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s was not cleaned up", p)
+		}
+	}
+}
