@@ -23,7 +23,7 @@ type output struct {
 	end  *process.ProcessEvent_EndEvent
 }
 
-// subscriber is one attached stream.
+// subscriber is one attached stream; only that stream reads events.
 type subscriber struct {
 	events chan *process.ProcessEvent_DataEvent
 	gone   chan struct{}

@@ -180,6 +180,9 @@ func (p *proc) resize(cols, rows uint32) error {
 	if p.tty == nil {
 		return preconditionf("process %d has no pty", p.pid)
 	}
+	if p.exited.Load() {
+		return notFoundf("process %d has exited", p.pid)
+	}
 	if cols == 0 {
 		cols = 80
 	}
