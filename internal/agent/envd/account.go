@@ -78,7 +78,9 @@ func resolvePath(p string, acc agent.Account, workdir string) (string, error) {
 		return "", invalidf("invalid path: longer than %d bytes", maxPathLen)
 	}
 	if !filepath.IsAbs(p) {
-		p = filepath.Join(home, p)
+		// A relative path is ambiguous (relative to what?): refuse it and
+		// say how to write it.
+		return "", invalidf("invalid path %q: use an absolute path (e.g. %s) or ~/...", p, filepath.Join(home, p))
 	}
 	return filepath.Clean(p), nil
 }

@@ -207,13 +207,18 @@ func TestUploadErrors(t *testing.T) {
 	wantAPIError(t, res, b, 400)
 }
 
-func TestUploadRelativePathGoesToHome(t *testing.T) {
+func TestUploadRelativePathIsRefused(t *testing.T) {
 	e := newEnv(t)
+	res, b := e.do("POST", "/files", url.Values{"path": {"rel/f.txt"}}, strings.NewReader("rel"), http.Header{"Content-Type": {"application/octet-stream"}})
+	wantAPIError(t, res, b, 400)
+	if !strings.Contains(string(b), "absolute") {
+		t.Fatalf("message does not say what to do: %s", b)
+	}
 	rel := fmt.Sprintf(".cellfork-envd-test-%d/f.txt", os.Getpid())
 	t.Cleanup(func() { _ = os.RemoveAll(filepath.Join("/root", filepath.Dir(rel))) })
-	res, b := e.do("POST", "/files", url.Values{"path": {rel}}, strings.NewReader("rel"), http.Header{"Content-Type": {"application/octet-stream"}})
+	res, b = e.do("POST", "/files", url.Values{"path": {"~/" + rel}}, strings.NewReader("rel"), http.Header{"Content-Type": {"application/octet-stream"}})
 	if res.StatusCode != 200 || decodeWritten(t, b)[0].Path != filepath.Join("/root", rel) {
-		t.Fatalf("%d %s", res.StatusCode, b)
+		t.Fatalf("~/ upload: %d %s", res.StatusCode, b)
 	}
 	res, b = e.do("GET", "/files", url.Values{"path": {"~/" + rel}}, nil, nil)
 	if res.StatusCode != 200 || string(b) != "rel" {

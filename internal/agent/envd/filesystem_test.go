@@ -84,16 +84,16 @@ func TestStat(t *testing.T) {
 	wantCode(t, err, connect.CodeInvalidArgument)
 }
 
-func TestStatResolvesRelativePathsAgainstHome(t *testing.T) {
+func TestStatRefusesRelativePaths(t *testing.T) {
 	e := newEnv(t)
 	got, err := e.stat("~")
 	if err != nil || got.GetPath() != "/root" {
 		t.Fatalf("~ = %v (%v)", got, err)
 	}
 	_, err = e.stat("no-such-file-cellfork-test")
-	wantCode(t, err, connect.CodeNotFound)
+	wantCode(t, err, connect.CodeInvalidArgument)
 	if !strings.Contains(err.Error(), "/root/no-such-file-cellfork-test") {
-		t.Fatalf("relative path not resolved against home: %v", err)
+		t.Fatalf("message does not suggest the absolute path: %v", err)
 	}
 	got, err = e.stat("")
 	if err != nil || got.GetPath() != e.dir {
