@@ -1,0 +1,412 @@
+"""envd filesystem through the sync SDK: /files uploads and downloads
+(multipart, octet-stream, gzip, multi-file, metadata, signed URLs) and the
+filesystem Connect service (stat, list, mkdir, move, remove, watchers)
+(spec §4.1, §4.4, §4.5)."""
+
+from __future__ import annotations
+
+import gzip as gzip_mod
+import io
+import os
+import time
+from datetime import datetime, timedelta, timezone
+
+import httpx
+import pytest
+
+from e2b import (
+    EntryInfo,
+    FileNotFoundException,
+    FilesystemEventType,
+    FileType,
+    InvalidArgumentException,
+    NotFoundException,
+    Sandbox,
+    SandboxException,
+)
+
+from ._util import routing_headers, unique, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+ENVD_PORT = 49983
+
+
+@pytest.fixture(scope="module")
+def sbx(module_sandbox_factory) -> Sandbox:
+    """One sandbox for the module; every test works in its own directory."""
+    return module_sandbox_factory()
+
+
+@pytest.fixture
+def d(sbx) -> str:
+    """A fresh directory in the default user's home."""
+    path = f"/home/user/{unique('fs')}"
+    assert sbx.files.make_dir(path) is True
+    return path
+
+
+# --- write / read ----------------------------------------------------------------
+
+
+def test_write_read_text(sbx, d):
+    path = f"{d}/hello.txt"
+    info = sbx.files.write(path, "hello wörld\n")
+    assert info.name == "hello.txt"
+    assert info.path == path
+    assert info.type == FileType.FILE
+    assert sbx.files.read(path) == "hello wörld\n"
+    assert sbx.files.read(path, format="text") == "hello wörld\n"
+    # Visible to commands, owned by the default user.
+    assert sbx.commands.run(f"cat {path}; stat -c %U {path}").stdout == "hello wörld\nuser\n"
+
+
+def test_write_overwrites_and_creates_parents(sbx, d):
+    path = f"{d}/a/b/c/deep.txt"
+    sbx.files.write(path, "first version, long")
+    sbx.files.write(path, "second")
+    assert sbx.files.read(path) == "second"
+    assert sbx.files.get_info(f"{d}/a/b").type == FileType.DIR
+
+
+def test_write_read_bytes(sbx, d):
+    data = bytes(range(256)) * 64
+    sbx.files.write(f"{d}/bin.dat", data)
+    got = sbx.files.read(f"{d}/bin.dat", format="bytes")
+    assert isinstance(got, bytearray)
+    assert bytes(got) == data
+
+
+def test_read_stream(sbx, d):
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    sbx.files.write(f"{d}/big.bin", data)
+    chunks = []
+    with sbx.files.read(f"{d}/big.bin", format="stream") as reader:
+        for chunk in reader:
+            chunks.append(bytes(chunk))
+    assert b"".join(chunks) == data
+
+
+def test_write_empty_file(sbx, d):
+    sbx.files.write(f"{d}/empty", "")
+    assert sbx.files.read(f"{d}/empty") == ""
+    assert sbx.files.get_info(f"{d}/empty").size == 0
+
+
+def test_write_files_multi_upload(sbx, d):
+    entries = [
+        {"path": f"{d}/m1.txt", "data": "one"},
+        {"path": f"{d}/sub/m2.bin", "data": b"\x00\x01two"},
+        {"path": f"{d}/m3.txt", "data": io.BytesIO(b"three")},
+    ]
+    infos = sbx.files.write_files(entries)
+    assert [i.path for i in infos] == [e["path"] for e in entries]
+    assert [i.name for i in infos] == ["m1.txt", "m2.bin", "m3.txt"]
+    assert all(i.type == FileType.FILE for i in infos)
+    assert sbx.files.read(f"{d}/m1.txt") == "one"
+    assert bytes(sbx.files.read(f"{d}/sub/m2.bin", format="bytes")) == b"\x00\x01two"
+    assert sbx.files.read(f"{d}/m3.txt") == "three"
+
+
+def test_write_files_multipart_only(sbx, d):
+    # Several str/bytes entries without octet-stream: ONE multipart request
+    # without a path query; each part's filename is its path (spec §4.5).
+    entries = [{"path": f"{d}/mp{i}.txt", "data": f"part {i}"} for i in range(3)]
+    infos = sbx.files.write_files(entries, use_octet_stream=False)
+    assert [i.path for i in infos] == [e["path"] for e in entries]
+    for e in entries:
+        assert sbx.files.read(e["path"]) == e["data"]
+
+
+def test_write_octet_stream(sbx, d):
+    data = os.urandom(100_000)
+    info = sbx.files.write(f"{d}/octet.bin", data, use_octet_stream=True)
+    assert info.path == f"{d}/octet.bin"
+    assert bytes(sbx.files.read(f"{d}/octet.bin", format="bytes")) == data
+    # File-like objects and iterables of chunks are streamed as octet-stream.
+    sbx.files.write(f"{d}/filelike.txt", io.BytesIO(b"from a file object"))
+    assert sbx.files.read(f"{d}/filelike.txt") == "from a file object"
+    sbx.files.write(f"{d}/iter.txt", iter([b"chunk1-", b"chunk2-", b"chunk3"]))
+    assert sbx.files.read(f"{d}/iter.txt") == "chunk1-chunk2-chunk3"
+
+
+def test_write_gzip_and_read_gzip(sbx, d):
+    data = ("compressible line\n" * 5000).encode()
+    info = sbx.files.write(f"{d}/gz.txt", data, gzip=True)
+    assert info.path == f"{d}/gz.txt"
+    # Stored inflated (the server decompresses Content-Encoding: gzip).
+    assert bytes(sbx.files.read(f"{d}/gz.txt", format="bytes")) == data
+    assert sbx.files.get_info(f"{d}/gz.txt").size == len(data)
+    # Download asking for gzip (Accept-Encoding: gzip) yields the same bytes.
+    assert bytes(sbx.files.read(f"{d}/gz.txt", format="bytes", gzip=True)) == data
+    # Multi-file gzip upload.
+    infos = sbx.files.write_files(
+        [{"path": f"{d}/gz1", "data": "g1"}, {"path": f"{d}/gz2", "data": "g2"}], gzip=True
+    )
+    assert [i.name for i in infos] == ["gz1", "gz2"]
+    assert sbx.files.read(f"{d}/gz2") == "g2"
+
+
+def test_write_as_root(sbx):
+    path = f"/root/{unique('root')}.txt"
+    info = sbx.files.write(path, "root only", user="root")
+    assert info.path == path
+    assert sbx.files.read(path, user="root") == "root only"
+    assert sbx.files.get_info(path, user="root").owner == "root"
+
+
+def test_write_with_metadata(sbx, d):
+    path = f"{d}/meta.txt"
+    info = sbx.files.write(path, "with metadata", metadata={"Owner": "alice", "stage": "raw"})
+    # Keys are lower-cased by the sandbox (SDK docs; upstream user.e2b.* xattrs).
+    assert info.metadata == {"owner": "alice", "stage": "raw"}
+    assert sbx.files.get_info(path).metadata == {"owner": "alice", "stage": "raw"}
+    listed = {e.name: e for e in sbx.files.list(d)}
+    assert listed["meta.txt"].metadata == {"owner": "alice", "stage": "raw"}
+    # Files written without metadata report none.
+    sbx.files.write(f"{d}/plain.txt", "x")
+    assert not sbx.files.get_info(f"{d}/plain.txt").metadata
+
+
+def test_read_missing_file_raises_file_not_found(sbx, d):
+    with pytest.raises(FileNotFoundException):
+        sbx.files.read(f"{d}/nope.txt")
+    with pytest.raises(NotFoundException):
+        sbx.files.read(f"{d}/nope.txt", format="bytes")
+    with pytest.raises(FileNotFoundException):
+        sbx.files.read(f"{d}/nope.txt", format="stream")
+
+
+def test_read_directory_is_invalid_argument(sbx, d):
+    with pytest.raises(InvalidArgumentException):
+        sbx.files.read(d)
+
+
+# --- filesystem RPCs -----------------------------------------------------------------
+
+
+def test_exists(sbx, d):
+    sbx.files.write(f"{d}/e.txt", "e")
+    assert sbx.files.exists(f"{d}/e.txt") is True
+    assert sbx.files.exists(d) is True
+    assert sbx.files.exists(f"{d}/missing") is False
+
+
+def test_get_info(sbx, d):
+    before = datetime.now(timezone.utc) - timedelta(seconds=30)
+    sbx.files.write(f"{d}/info.txt", "12345")
+    info = sbx.files.get_info(f"{d}/info.txt")
+    assert isinstance(info, EntryInfo)
+    assert info.name == "info.txt"
+    assert info.path == f"{d}/info.txt"
+    assert info.type == FileType.FILE
+    assert info.size == 5
+    assert info.owner == "user"
+    assert info.group == "user"
+    assert info.permissions == "-rw-r--r--"
+    assert info.mode & 0o777 == 0o644
+    assert before <= info.modified_time <= datetime.now(timezone.utc) + timedelta(seconds=30)
+
+    dinfo = sbx.files.get_info(d)
+    assert dinfo.type == FileType.DIR
+    assert dinfo.name == os.path.basename(d)
+    assert dinfo.permissions.startswith("d")
+
+    with pytest.raises(FileNotFoundException):
+        sbx.files.get_info(f"{d}/missing")
+
+
+def test_symlink_info(sbx, d):
+    sbx.files.write(f"{d}/target.txt", "t")
+    sbx.commands.run(f"ln -s {d}/target.txt {d}/link")
+    info = sbx.files.get_info(f"{d}/link")
+    assert info.symlink_target == f"{d}/target.txt"
+    assert info.name == "link"
+
+
+def test_list_depth(sbx, d):
+    sbx.files.write(f"{d}/top.txt", "t")
+    sbx.files.write(f"{d}/sub/inner.txt", "i")
+    sbx.files.write(f"{d}/sub/deeper/leaf.txt", "l")
+
+    one = sbx.files.list(d)
+    assert sorted((e.name, e.type) for e in one) == [("sub", FileType.DIR), ("top.txt", FileType.FILE)]
+    by_name = {e.name: e for e in one}
+    assert by_name["top.txt"].path == f"{d}/top.txt"
+    assert by_name["top.txt"].size == 1
+
+    two = sbx.files.list(d, depth=2)
+    assert sorted(e.path for e in two) == sorted(
+        [f"{d}/top.txt", f"{d}/sub", f"{d}/sub/inner.txt", f"{d}/sub/deeper"]
+    )
+    three = sbx.files.list(d, depth=3)
+    assert f"{d}/sub/deeper/leaf.txt" in [e.path for e in three]
+
+    with pytest.raises(FileNotFoundException):
+        sbx.files.list(f"{d}/missing")
+
+
+def test_make_dir(sbx, d):
+    assert sbx.files.make_dir(f"{d}/new") is True
+    assert sbx.files.make_dir(f"{d}/new") is False
+    assert sbx.files.make_dir(f"{d}/x/y/z") is True
+    assert sbx.files.get_info(f"{d}/x/y/z").type == FileType.DIR
+    assert sbx.files.get_info(f"{d}/x/y/z").owner == "user"
+
+
+def test_rename(sbx, d):
+    sbx.files.write(f"{d}/old.txt", "moving")
+    info = sbx.files.rename(f"{d}/old.txt", f"{d}/new.txt")
+    assert info.name == "new.txt"
+    assert info.path == f"{d}/new.txt"
+    assert info.type == FileType.FILE
+    assert sbx.files.exists(f"{d}/old.txt") is False
+    assert sbx.files.read(f"{d}/new.txt") == "moving"
+    # Directories move too.
+    sbx.files.write(f"{d}/dir1/f", "f")
+    sbx.files.rename(f"{d}/dir1", f"{d}/dir2")
+    assert sbx.files.read(f"{d}/dir2/f") == "f"
+    with pytest.raises(FileNotFoundException):
+        sbx.files.rename(f"{d}/missing", f"{d}/whatever")
+
+
+def test_remove(sbx, d):
+    sbx.files.write(f"{d}/rm.txt", "x")
+    sbx.files.remove(f"{d}/rm.txt")
+    assert sbx.files.exists(f"{d}/rm.txt") is False
+    sbx.files.write(f"{d}/tree/a/b.txt", "x")
+    sbx.files.remove(f"{d}/tree")
+    assert sbx.files.exists(f"{d}/tree") is False
+
+
+# --- signed URLs ------------------------------------------------------------------------
+
+
+def test_download_url(sbx, d):
+    path = f"{d}/dl.txt"
+    sbx.files.write(path, "download me")
+    url = sbx.download_url(path)
+    assert "signature=v1_" in url
+    headers = routing_headers(sbx.sandbox_id, ENVD_PORT)
+    r = httpx.get(url, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.content == b"download me"
+
+    url = sbx.download_url(path, use_signature_expiration=120)
+    assert "signature_expiration=" in url
+    r = httpx.get(url, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.content == b"download me"
+
+
+def test_signed_url_rejects_bad_or_expired_signature(sbx, d):
+    path = f"{d}/guarded.txt"
+    sbx.files.write(path, "secret")
+    headers = routing_headers(sbx.sandbox_id, ENVD_PORT)
+    url = sbx.download_url(path)
+    tampered = url.replace("signature=v1_", "signature=v1_A")
+    assert httpx.get(tampered, headers=headers, timeout=30).status_code == 401
+    # The signature is bound to the path.
+    other = sbx.download_url(f"{d}/other.txt")
+    forged = other.replace("other.txt", "guarded.txt")
+    assert httpx.get(forged, headers=headers, timeout=30).status_code == 401
+    expired = sbx.download_url(path, use_signature_expiration=-60)
+    assert httpx.get(expired, headers=headers, timeout=30).status_code == 401
+    # No signature and no access token.
+    bare = httpx.URL(url).copy_remove_param("signature")
+    assert httpx.get(bare, headers=headers, timeout=30).status_code == 401
+
+
+def test_upload_url(sbx, d):
+    path = f"{d}/up.txt"
+    url = sbx.upload_url(path)
+    assert "signature=v1_" in url
+    r = httpx.post(
+        url,
+        files={"file": ("up.txt", b"uploaded via signed url", "text/plain")},
+        headers=routing_headers(sbx.sandbox_id, ENVD_PORT),
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert isinstance(body, list) and body and body[0]["path"] == path
+    assert sbx.files.read(path) == "uploaded via signed url"
+    # A read signature does not allow writing.
+    r = httpx.post(
+        sbx.download_url(path),
+        files={"file": ("up.txt", b"nope", "text/plain")},
+        headers=routing_headers(sbx.sandbox_id, ENVD_PORT),
+        timeout=30,
+    )
+    assert r.status_code == 401
+    assert sbx.files.read(path) == "uploaded via signed url"
+
+
+# --- watch_dir (sync: CreateWatcher / GetWatcherEvents / RemoveWatcher) ------------------
+
+
+def _collect(handle, want, timeout=10):
+    """Poll get_new_events until every (type, name) in ``want`` was seen."""
+    seen = []
+
+    def check():
+        seen.extend(handle.get_new_events())
+        got = {(e.type, e.name) for e in seen}
+        return want <= got
+
+    wait_until(check, timeout=timeout, interval=0.2, what=f"watch events {want}")
+    return seen
+
+
+def test_watch_dir_polling(sbx, d):
+    handle = sbx.files.watch_dir(d)
+    try:
+        assert handle.get_new_events() == []
+        sbx.files.write(f"{d}/w.txt", "one")
+        events = _collect(handle, {(FilesystemEventType.CREATE, "w.txt")})
+        assert all(e.name == "w.txt" for e in events)
+        sbx.commands.run(f"echo more >> {d}/w.txt")
+        _collect(handle, {(FilesystemEventType.WRITE, "w.txt")})
+        sbx.files.rename(f"{d}/w.txt", f"{d}/w2.txt")
+        _collect(handle, {(FilesystemEventType.RENAME, "w.txt"), (FilesystemEventType.CREATE, "w2.txt")})
+        sbx.commands.run(f"chmod 600 {d}/w2.txt")
+        _collect(handle, {(FilesystemEventType.CHMOD, "w2.txt")})
+        sbx.files.remove(f"{d}/w2.txt")
+        _collect(handle, {(FilesystemEventType.REMOVE, "w2.txt")})
+    finally:
+        handle.stop()
+    with pytest.raises(SandboxException):
+        handle.get_new_events()
+
+
+def test_watch_dir_recursive_with_entry(sbx, d):
+    sbx.files.make_dir(f"{d}/nested")
+    handle = sbx.files.watch_dir(d, recursive=True, include_entry=True)
+    try:
+        sbx.files.write(f"{d}/nested/deep.txt", "deep")
+        events = _collect(handle, {(FilesystemEventType.CREATE, "nested/deep.txt")})
+        created = [e for e in events if e.type == FilesystemEventType.CREATE and e.name == "nested/deep.txt"]
+        assert created[0].entry is not None
+        assert created[0].entry.path == f"{d}/nested/deep.txt"
+        assert created[0].entry.type == FileType.FILE
+    finally:
+        handle.stop()
+
+
+def test_watch_dir_non_recursive_ignores_subdirs(sbx, d):
+    sbx.files.make_dir(f"{d}/sub")
+    handle = sbx.files.watch_dir(d)
+    try:
+        sbx.files.write(f"{d}/sub/hidden.txt", "x")
+        sbx.files.write(f"{d}/visible.txt", "x")
+        events = _collect(handle, {(FilesystemEventType.CREATE, "visible.txt")})
+        time.sleep(0.3)
+        events += handle.get_new_events()
+        assert not [e for e in events if "hidden" in e.name], events
+    finally:
+        handle.stop()
+
+
+def test_watch_missing_dir_fails(sbx, d):
+    with pytest.raises(FileNotFoundException):
+        sbx.files.watch_dir(f"{d}/missing")
