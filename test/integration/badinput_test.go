@@ -33,7 +33,7 @@ func TestBadInputControlPlane(t *testing.T) {
 		{"unknown sandbox metrics", "GET", "/sandboxes/nosuchsandbox0000000/metrics", nil, nil, 404},
 		{"bad list state", "GET", "/v2/sandboxes?state=sleeping", nil, nil, 400},
 		{"bad list limit", "GET", "/v2/sandboxes?limit=-1", nil, nil, 400},
-		{"bad page token", "GET", "/v2/sandboxes?nextToken=%%%", nil, nil, 400},
+		{"bad page token", "GET", "/v2/sandboxes?nextToken=!!!", nil, nil, 400},
 		{"wrong API key", "GET", "/v2/sandboxes", nil, map[string]string{"X-API-KEY": "wrong"}, 401},
 		{"missing API key", "GET", "/v2/sandboxes", nil, map[string]string{"X-API-KEY": ""}, 401},
 		{"body too large", "POST", "/v2/sandboxes", `{"templateID":"base","metadata":{"a":"` + strings.Repeat("x", 2<<20) + `"}}`, nil, 400},
@@ -115,7 +115,7 @@ func TestBadInputDataPlane(t *testing.T) {
 	if r.status != http.StatusOK {
 		t.Fatalf("gzip upload: %d %s", r.status, r.body)
 	}
-	if out, _, _ := run(t, sb, "", "cat /home/user/z.txt; stat -c %U /home/user/z.txt"); out != "compressed\nuser\n" {
+	if out, _, _ := run(t, sb, "", "cat /home/user/z.txt; echo; stat -c %U /home/user/z.txt"); out != "compressed\nuser\n" {
 		t.Errorf("uploaded file: %q", out)
 	}
 }
