@@ -1,0 +1,92 @@
+"""User ports through the daemon's data plane: get_host(port) and a web
+server started in the sandbox, reached with the E2B routing headers (spec
+§1.3, §1.4, §4.7)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from e2b import SandboxNotRunningException
+
+from ._util import routing_headers, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+PORT = 8080
+
+
+@pytest.fixture(scope="module")
+def web(module_sandbox_factory):
+    """A sandbox serving /home/user over `python3 -m http.server 8080`."""
+    sbx = module_sandbox_factory()
+    sbx.files.write("/home/user/www/index.html", "<h1>hello from the sandbox</h1>")
+    sbx.files.write("/home/user/www/files/data.txt", "plain data")
+    handle = sbx.commands.run(f"cd /home/user/www && python3 -m http.server {PORT}", background=True)
+    return sbx, handle
+
+
+def _get(base: str, sandbox_id: str, port: int, path: str = "/") -> httpx.Response:
+    return httpx.get(f"{base}{path}", headers=routing_headers(sandbox_id, port), timeout=10)
+
+
+def test_get_host_format(web):
+    sbx, _ = web
+    host = sbx.get_host(PORT)
+    domain = sbx.sandbox_domain or "e2b.app"
+    assert host == f"{PORT}-{sbx.sandbox_id}.{domain}"
+
+
+def test_user_web_server_through_routing_headers(web, sandbox_url):
+    sbx, handle = web
+    r = wait_until(
+        lambda: (resp := _get(sandbox_url, sbx.sandbox_id, PORT, "/index.html")).status_code == 200 and resp,
+        timeout=20, interval=0.25, what="the sandbox web server to answer through the daemon",
+    )
+    assert r.text == "<h1>hello from the sandbox</h1>"
+    # Other paths go through the same route: a directory listing and a file.
+    listing = _get(sandbox_url, sbx.sandbox_id, PORT, "/files/")
+    assert listing.status_code == 200
+    assert "data.txt" in listing.text
+    data = _get(sandbox_url, sbx.sandbox_id, PORT, "/files/data.txt")
+    assert data.status_code == 200 and data.text == "plain data"
+    assert handle.pid in [p.pid for p in sbx.commands.list()]
+
+
+def test_user_web_server_through_host_form(web, sandbox_url):
+    # The Host form "{port}-{sandboxID}.{domain}" that get_host() returns
+    # (spec §1.4: a server should also accept it).
+    sbx, _ = web
+    host = sbx.get_host(PORT)
+    wait_until(lambda: _get(sandbox_url, sbx.sandbox_id, PORT).status_code == 200, timeout=20,
+               what="the web server")
+    r = httpx.get(f"{sandbox_url}/index.html", headers={"Host": host}, timeout=10)
+    assert r.status_code == 200
+    assert r.text == "<h1>hello from the sandbox</h1>"
+
+
+def test_closed_port_is_502_port_not_open(web, sandbox_url):
+    sbx, _ = web
+    r = _get(sandbox_url, sbx.sandbox_id, 8099)
+    assert r.status_code == 502
+    body = r.json()
+    assert "port is not open" in body["message"]
+    assert body.get("code") == 502
+
+
+def test_unknown_sandbox_is_502_not_found(e2b_env, sandbox_url):
+    r = _get(sandbox_url, "cfnosuchsandbox0000", PORT)
+    assert r.status_code == 502
+    assert "was not found" in r.json()["message"]
+
+
+def test_sdk_maps_proxy_answers(make_sandbox):
+    # The SDK keys on the proxy messages (spec §4.7): a killed sandbox is
+    # "not running" for data-plane calls.
+    sbx = make_sandbox()
+    assert sbx.kill() is True
+    assert sbx.is_running() is False
+    with pytest.raises(SandboxNotRunningException):
+        sbx.commands.run("echo hi")
+    with pytest.raises(SandboxNotRunningException):
+        sbx.files.read("/etc/hostname")
