@@ -172,6 +172,14 @@ def test_handle_close_stdin(sbx):
     assert h.wait().stdout.strip() == "5"
 
 
+def test_stream_input(sbx):
+    # Client-streaming StreamInput: chunks arrive in order.
+    h = sbx.commands.run("cat", background=True, stdin=True)
+    sbx.commands.stream_input(h.pid, iter(["one-", b"two-", "three\n"]))
+    sbx.commands.close_stdin(h.pid)
+    assert h.wait().stdout == "one-two-three\n"
+
+
 def test_connect_to_running_background_command(sbx):
     h = sbx.commands.run(
         "echo first; sleep 1.5; echo second; exit 0", background=True
