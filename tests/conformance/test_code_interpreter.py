@@ -204,6 +204,25 @@ def test_timeout_interrupts_without_losing_state(make_sandbox):
     assert sbx.run_code("cf_keep + 1", timeout=20).text == "8"
 
 
+def test_concurrent_run_code(ci):
+    # Concurrent executions, in one context and across contexts, each get
+    # their own output (upstream serialises executions per context).
+    from concurrent.futures import ThreadPoolExecutor
+
+    ctx = ci.create_code_context()
+    try:
+        def run(i):
+            context = ctx if i % 2 else None
+            ex = ci.run_code(f"import time\ntime.sleep(0.2)\nprint('p{i}')\n{i} * 100", context=context)
+            return ex.text, "".join(ex.logs.stdout), ex.error
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            results = list(pool.map(run, range(4)))
+        assert results == [(str(i * 100), f"p{i}\n", None) for i in range(4)]
+    finally:
+        ci.remove_code_context(ctx)
+
+
 # --- contexts -------------------------------------------------------------------
 
 

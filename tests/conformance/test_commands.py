@@ -44,6 +44,21 @@ def test_run_non_ascii_output(sbx):
     assert r.stdout == "héllo €\n"
 
 
+def test_large_output(sbx):
+    # ~3 MB of stdout across many stream envelopes.
+    r = sbx.commands.run("head -c 2250000 /dev/zero | base64 -w 100", timeout=30)
+    assert len(r.stdout) == 3_000_000 + 30_000
+    assert set(r.stdout) == {"A", "\n"}
+
+
+def test_stdin_closed_unless_requested(sbx):
+    # Without stdin=True the command gets no open stdin: `cat` ends at once.
+    t0 = time.monotonic()
+    r = sbx.commands.run("cat; echo after-cat", timeout=10)
+    assert r.stdout == "after-cat\n"
+    assert time.monotonic() - t0 < 5
+
+
 def test_nonzero_exit_raises_command_exit_exception(sbx):
     with pytest.raises(CommandExitException) as ei:
         sbx.commands.run("echo partial; echo boom >&2; exit 3")
@@ -109,6 +124,19 @@ def test_on_stdout_on_stderr_streamed_in_order(sbx):
     assert order == ["out1", "err1", "out2", "err2", "out3", "err3"], order
     # Streamed while running, not delivered in one go at the end.
     assert events[0][2] - t0 < (t_end - t0) - 1.0, "first output arrived only at the end"
+
+
+def test_concurrent_commands(sbx):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(i):
+        return sbx.commands.run(f"sleep 0.3; echo cmd-{i}; echo err-{i} >&2").stdout
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        outs = list(pool.map(run, range(6)))
+    assert outs == [f"cmd-{i}\n" for i in range(6)]
+    assert time.monotonic() - t0 < 10
 
 
 # --- background ----------------------------------------------------------------

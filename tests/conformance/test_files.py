@@ -317,6 +317,19 @@ def test_signed_url_rejects_bad_or_expired_signature(sbx, d):
     assert httpx.get(bare, headers=headers, timeout=30).status_code == 401
 
 
+def test_signed_url_is_bound_to_its_sandbox(sbx, d, make_sandbox):
+    # Signatures are keyed on the sandbox's own access token: a URL signed by
+    # another sandbox does not open this one.
+    path = f"{d}/mine.txt"
+    sbx.files.write(path, "mine")
+    other = make_sandbox()
+    foreign = other.download_url(path)
+    r = httpx.get(foreign, headers=routing_headers(sbx.sandbox_id, ENVD_PORT), timeout=30)
+    assert r.status_code == 401
+    r = httpx.get(sbx.download_url(path), headers=routing_headers(sbx.sandbox_id, ENVD_PORT), timeout=30)
+    assert r.status_code == 200 and r.content == b"mine"
+
+
 def test_upload_url(sbx, d):
     path = f"{d}/up.txt"
     url = sbx.upload_url(path)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from e2b import SandboxNotRunningException
+from e2b import SandboxNotFoundException, SandboxNotRunningException, TimeoutException
+from e2b_code_interpreter import Sandbox as CodeInterpreterSandbox
 
 from ._util import routing_headers, wait_until
 
@@ -82,11 +83,19 @@ def test_unknown_sandbox_is_502_not_found(e2b_env, sandbox_url):
 
 def test_sdk_maps_proxy_answers(make_sandbox):
     # The SDK keys on the proxy messages (spec §4.7): a killed sandbox is
-    # "not running" for data-plane calls.
-    sbx = make_sandbox()
+    # "not running" for envd calls, and the code interpreter's 502 is a
+    # TimeoutException (spec §5).
+    sbx = make_sandbox(CodeInterpreterSandbox)
+    assert sbx.run_code("1").text == "1"
     assert sbx.kill() is True
     assert sbx.is_running() is False
     with pytest.raises(SandboxNotRunningException):
         sbx.commands.run("echo hi")
     with pytest.raises(SandboxNotRunningException):
         sbx.files.read("/etc/hostname")
+    with pytest.raises(SandboxNotRunningException):
+        sbx.files.list("/")
+    with pytest.raises(TimeoutException):
+        sbx.run_code("1")
+    with pytest.raises(SandboxNotFoundException):
+        CodeInterpreterSandbox.connect(sbx.sandbox_id)

@@ -16,6 +16,7 @@ from e2b import (
     Sandbox,
     SandboxInfo,
     SandboxMetrics,
+    SandboxException,
     SandboxNotFoundException,
     SandboxQuery,
     SandboxState,
@@ -64,6 +65,16 @@ def test_code_interpreter_default_template(make_sandbox):
     # The code-interpreter SDK asks for "code-interpreter-v1" (spec §2.4.1).
     assert "code-interpreter-v1" in (info.template_id, info.name)
     assert sbx.run_code("1+1").text == "2"
+
+
+def test_create_unknown_template_is_a_typed_error(e2b_env, run_tag):
+    # Error bodies must be JSON {"code": int, "message": str} so the SDK can
+    # raise its typed exception (spec §2.2) instead of crashing on the body.
+    name = "cf-no-such-template-" + uuid.uuid4().hex[:6]
+    with pytest.raises(SandboxException) as ei:
+        Sandbox.create(name, metadata=run_tag, timeout=30)
+    assert name in str(ei.value)
+    assert ei.value.status_code in (400, 404)
 
 
 def test_create_timeout_sets_end_at(make_sandbox):
@@ -214,6 +225,36 @@ def test_list_filters_by_metadata_and_state(make_sandbox):
 
     nothing = _list_all(SandboxQuery(metadata={"cf-filter": unique("none")}))
     assert nothing == []
+
+
+def test_list_order_started_after_and_template(make_sandbox):
+    group = {"cf-order": unique("o")}
+    since = _now() - timedelta(seconds=2)
+    first = make_sandbox(metadata=group)
+    time.sleep(0.05)
+    second = make_sandbox(metadata=group)
+    q = SandboxQuery(metadata=group)
+
+    asc = [s.sandbox_id for s in _list_all_ordered(q, "asc")]
+    desc = [s.sandbox_id for s in _list_all_ordered(q, "desc")]
+    assert asc == [first.sandbox_id, second.sandbox_id]
+    assert desc == [second.sandbox_id, first.sandbox_id]
+
+    after = _list_all(SandboxQuery(metadata=group, started_after=since))
+    assert sorted(s.sandbox_id for s in after) == sorted([first.sandbox_id, second.sandbox_id])
+    later = _list_all(SandboxQuery(metadata=group, started_after=_now() + timedelta(minutes=5)))
+    assert later == []
+
+    assert len(_list_all(SandboxQuery(metadata=group, template="base"))) == 2
+    assert _list_all(SandboxQuery(metadata=group, template="code-interpreter-v1")) == []
+
+
+def _list_all_ordered(query, order):
+    paginator = Sandbox.list(query=query, order=order, limit=1)
+    items = []
+    while paginator.has_next:
+        items.extend(paginator.next_items())
+    return items
 
 
 def test_list_metadata_filter_with_special_characters(make_sandbox):
