@@ -21,7 +21,9 @@ def translate_transport_error(exc: httpx.TransportError) -> CellforkError:
     """Map an httpx transport failure to the SDK's error classes."""
     if isinstance(exc, httpx.TimeoutException):
         return TimeoutError(f"request timed out: {type(exc).__name__}")
-    return APIConnectionError(f"could not talk to the cellfork daemon: {exc!r}")
+    if isinstance(exc, httpx.ConnectError):
+        return APIConnectionError(f"could not connect to the cellfork daemon: {exc}")
+    return APIConnectionError(f"the connection to the cellfork daemon broke: {exc!r}")
 
 
 class SyncHTTP:

@@ -163,7 +163,7 @@ class AsyncSandbox:
                 page, token = parse_list(await http.request(spec))
                 out += page
                 if not token or (limit is not None and len(out) >= limit):
-                    return out
+                    return out if limit is None else out[:limit]
         finally:
             await http.close()
 
@@ -378,7 +378,8 @@ class AsyncCommands:
         """Run ``cmd`` as ``user`` (default: the sandbox's default user) in
         ``cwd``. ``timeout`` (s, 0 = none) bounds the command's whole run.
         Returns the result, or with ``background=True`` a handle as soon as
-        the process has started."""
+        the process has started (``timeout`` still applies to it: pass 0 for
+        a long-running background process)."""
         deadline = normalize_timeout(timeout, None)
         spec = self._sandbox._core.process_start_request(cmd, envs, cwd, user, deadline, request_timeout)
         handle = await AsyncCommandHandle._start(self._sandbox, spec, on_stdout, on_stderr)

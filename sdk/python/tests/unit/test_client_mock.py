@@ -13,6 +13,7 @@ from cellfork import (
     AsyncFiles,
     AsyncSandbox,
     AuthenticationError,
+    CellforkError,
     CommandExitError,
     CommandHandle,
     Commands,
@@ -274,3 +275,73 @@ async def test_async_errors(daemon):
         await sb.commands.run("slow")
     assert await sb.kill() is True
     await sb.close()
+
+
+# --- edge cases ----------------------------------------------------------------
+
+
+class _StallingStream(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """Sends one line, then times out like a silent server."""
+
+    def __iter__(self):
+        yield b'{"type":"stdout","text":"x"}\n'
+        raise httpx.ReadTimeout("silent")
+
+    async def __aiter__(self):
+        yield b'{"type":"stdout","text":"x"}\n'
+        raise httpx.ReadTimeout("silent")
+
+
+def _stalling(daemon):
+    def handler(request):
+        if request.url.path == "/execute":
+            return httpx.Response(200, stream=_StallingStream())
+        return daemon(request)
+    return handler
+
+
+def test_sync_run_code_read_timeout_is_a_timeout_error(daemon):
+    sb = Sandbox.create(**(_kw(daemon) | {"transport": httpx.MockTransport(_stalling(daemon))}))
+    out = []
+    with pytest.raises(TimeoutError, match="code execution exceeded 2 s"):
+        sb.run_code("x", timeout=2, on_stdout=out.append)
+    assert out == ["x"]
+
+
+async def test_async_run_code_read_timeout_is_a_timeout_error(daemon):
+    sb = await AsyncSandbox.create(**(_kw(daemon) | {"transport": httpx.MockTransport(_stalling(daemon))}))
+    with pytest.raises(TimeoutError, match="code execution exceeded 2 s"):
+        await sb.run_code("x", timeout=2)
+    await sb.close()
+
+
+def test_sync_closed_sandbox_says_so(daemon):
+    with Sandbox.create(**_kw(daemon)) as sb:
+        pass
+    for call in (sb.is_running, lambda: sb.commands.run("echo hi"), lambda: sb.run_code("1+1")):
+        with pytest.raises(CellforkError, match="closed"):
+            call()
+
+
+async def test_async_closed_sandbox_says_so(daemon):
+    async with await AsyncSandbox.create(**_kw(daemon)) as sb:
+        pass
+    with pytest.raises(CellforkError, match="closed"):
+        await sb.commands.run("echo hi")
+    with pytest.raises(CellforkError, match="closed"):
+        await sb.get_info()
+
+
+def test_request_timeout_is_passed_per_call(daemon):
+    seen = []
+
+    def handler(request):
+        seen.append(request.extensions.get("timeout"))
+        return daemon(request)
+
+    sb = Sandbox.create(**(_kw(daemon) | {"transport": httpx.MockTransport(handler)}))
+    sb.get_info(request_timeout=3)
+    sb.files.exists("/x", request_timeout=4)
+    assert seen[-2]["read"] == 3 and seen[-1]["read"] == 4
+    exists = daemon.requests[-1]
+    assert exists.headers["connect-timeout-ms"] == "4000"
