@@ -7,7 +7,7 @@ Values come from keyword arguments first, then the environment
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import httpx
 
@@ -21,9 +21,6 @@ DEFAULT_RUN_CODE_TIMEOUT = 300.0  # seconds, run_code deadline
 ENVD_PORT = 49983
 CODE_INTERPRETER_PORT = 49999
 
-# Sentinel for "argument not given" where None is a meaningful value.
-NOT_GIVEN: object = object()
-
 Transport = httpx.BaseTransport | httpx.AsyncBaseTransport
 
 
@@ -36,9 +33,6 @@ class Config:
     request_timeout: float | None
     max_retries: int
     transport: Transport | None = None
-
-    def with_overrides(self, **changes: object) -> "Config":
-        return replace(self, **changes)  # type: ignore[arg-type]
 
 
 def resolve_config(
