@@ -81,7 +81,7 @@ func (c *codeContext) unlock() { <-c.mu }
 
 // kernel returns the context's live kernel, starting a new one (fresh
 // state) if there is none or the last one died.
-func (c *codeContext) kernel(ctx context.Context, spawn func(cwd string) (spawnSpec, error)) (*kernel, error) {
+func (c *codeContext) kernel(ctx context.Context, spawn func(id, cwd string) (spawnSpec, error)) (*kernel, error) {
 	if err := c.lock(ctx); err != nil {
 		return nil, err
 	}
@@ -92,7 +92,7 @@ func (c *codeContext) kernel(ctx context.Context, spawn func(cwd string) (spawnS
 	if c.k != nil && !c.k.exited() {
 		return c.k, nil
 	}
-	spec, err := spawn(c.cwd)
+	spec, err := spawn(c.id, c.cwd)
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +106,7 @@ func (c *codeContext) kernel(ctx context.Context, spawn func(cwd string) (spawnS
 
 // restart replaces the kernel with a fresh one. A running execution ends
 // with UnexpectedEndOfExecution.
-func (c *codeContext) restart(ctx context.Context, spawn func(cwd string) (spawnSpec, error)) error {
+func (c *codeContext) restart(ctx context.Context, spawn func(id, cwd string) (spawnSpec, error)) error {
 	if err := c.lock(ctx); err != nil {
 		return err
 	}

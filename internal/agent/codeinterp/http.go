@@ -76,7 +76,6 @@ func (i *Interpreter) resolve(id, language string) (*codeContext, error) {
 // end_of_execution.
 func (i *Interpreter) execute(ctx context.Context, c *codeContext, req executeRequest, out *ndjson) {
 	defer out.write(endLine)
-	out.write(nil) // send the headers now
 	if !c.acquire(ctx, out, i.timing.keepalive) {
 		return // the client left before its turn: nothing ran
 	}

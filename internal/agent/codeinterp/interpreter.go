@@ -6,6 +6,7 @@
 package codeinterp
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -173,15 +174,24 @@ func (i *Interpreter) lookup(id string) (*codeContext, error) {
 	return c, nil
 }
 
-// list returns the contexts (the default one included) in creation order.
+// list returns the default context, then the others in creation order.
 func (i *Interpreter) list() ([]contextInfo, error) {
-	if _, err := i.defaultContext(); err != nil {
+	def, err := i.defaultContext()
+	if err != nil {
 		return nil, err
 	}
 	i.mu.Lock()
 	all := slices.Collect(maps.Values(i.contexts))
 	i.mu.Unlock()
-	slices.SortFunc(all, func(a, b *codeContext) int { return int(a.seq) - int(b.seq) })
+	slices.SortFunc(all, func(a, b *codeContext) int {
+		switch {
+		case a == def:
+			return -1
+		case b == def:
+			return 1
+		}
+		return cmp.Compare(a.seq, b.seq)
+	})
 	infos := make([]contextInfo, len(all))
 	for n, c := range all {
 		infos[n] = c.info()
@@ -203,7 +213,7 @@ func (i *Interpreter) remove(id string) error {
 
 // spawnSpec describes a kernel for a context in cwd, as the current default
 // user with the current sandbox-wide environment.
-func (i *Interpreter) spawnSpec(cwd string) (spawnSpec, error) {
+func (i *Interpreter) spawnSpec(id, cwd string) (spawnSpec, error) {
 	acct, err := agent.LookupAccount(i.settings.User())
 	if err != nil {
 		return spawnSpec{}, err
@@ -225,7 +235,7 @@ func (i *Interpreter) spawnSpec(cwd string) (spawnSpec, error) {
 	return spawnSpec{
 		python: i.python, script: i.kernelPath, cwd: cwd, env: list,
 		cred: credential(acct), baseEnv: base, timeout: i.startWait,
-		log: i.log.With("context.cwd", cwd),
+		log: i.log.With("context.id", id),
 	}, nil
 }
 

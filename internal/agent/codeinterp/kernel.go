@@ -58,9 +58,9 @@ type execution struct {
 
 // timing holds the durations of a run.
 type timing struct {
-	keepalive time.Duration // between keepalive lines
-	grace     time.Duration // between interrupts of an abandoned run
-	interrupts int          // SIGINTs before the kernel is killed
+	keepalive  time.Duration // between keepalive lines
+	grace      time.Duration // between interrupts of an abandoned run
+	interrupts int           // SIGINTs before the kernel is killed
 }
 
 var (
@@ -300,10 +300,9 @@ func (k *kernel) run(ctx context.Context, command []byte, out *ndjson, t timing)
 	for {
 		select {
 		case line := <-ex.lines:
-			if bytes.HasPrefix(line, doneType) {
+			if k.forward(line, ex, out) {
 				return
 			}
-			out.event(line)
 		case <-k.done:
 			k.lostKernel(ex, out)
 			return
@@ -316,6 +315,25 @@ func (k *kernel) run(ctx context.Context, command []byte, out *ndjson, t timing)
 		case <-escalate:
 			escalate = k.interrupt(&interrupts, t)
 		}
+	}
+}
+
+// forward writes line and the lines already waiting behind it in one
+// flush. It reports whether the kernel said "done" (the caller's
+// end_of_execution then flushes what was buffered).
+func (k *kernel) forward(line []byte, ex *execution, out *ndjson) (done bool) {
+	for {
+		if bytes.HasPrefix(line, doneType) {
+			return true
+		}
+		out.event(line)
+		select {
+		case line = <-ex.lines:
+			continue
+		default:
+		}
+		out.flush()
+		return false
 	}
 }
 
@@ -346,12 +364,11 @@ func (k *kernel) lostKernel(ex *execution, out *ndjson) {
 		break
 	}
 	state := k.exitState()
-	msg := "the kernel exited unexpectedly (" + state + ")"
-	if d := k.diagnostics(); d != "" {
-		msg += ": " + d
-	}
 	k.log.Warn("kernel died during execution", "state", state)
-	out.write(errorLine("UnexpectedEndOfExecution", msg, ""))
+	// The traceback is the kernel's last words, e.g. a segfault's stack.
+	out.write(errorLine("UnexpectedEndOfExecution",
+		"the kernel exited unexpectedly ("+state+"); the next execution starts a fresh one",
+		k.diagnostics()))
 }
 
 // tail keeps the last lines of a kernel's diagnostic output for error

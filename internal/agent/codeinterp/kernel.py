@@ -37,6 +37,7 @@ import threading
 import time
 import traceback
 import types
+from json.encoder import encode_basestring_ascii as _json_str
 
 CMD_FD, EVT_FD = 3, 4
 PARTIAL_FLUSH_SECONDS = 0.05  # an unterminated line is sent after this long
@@ -89,10 +90,15 @@ def _leave():
                 raise KeyboardInterrupt
 
 
+_second = [0, ""]  # the formatted second _now last used
+
+
 def _now():
     t = time.time()
-    us = int(t * 1e6) % 1000000
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%06dZ" % us
+    sec = int(t)
+    if sec != _second[0]:
+        _second[0], _second[1] = sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+    return "%s.%06dZ" % (_second[1], int((t - sec) * 1e6))
 
 
 def _write_all(fd, data):
@@ -101,9 +107,30 @@ def _write_all(fd, data):
         view = view[os.write(fd, view):]
 
 
+_outbox = []  # encoded events for the next write to fd 4 (lock held)
+
+
+def _queue(event):
+    """Adds an event to the next write; the caller holds _lock."""
+    _outbox.append(_encode(event))
+
+
+def _queue_output(name, text):
+    """_queue for stdout/stderr, formatted by hand: the hot path."""
+    _outbox.append('{"type":"%s","text":%s,"timestamp":"%s"}' % (name, _json_str(text), _now()))
+
+
 def _send(event):
-    """Writes one event line; the caller holds _lock."""
-    data = (_encode(event) + "\n").encode()
+    """Writes the queued events and this one; the caller holds _lock."""
+    _outbox.append(_encode(event))
+    _write_outbox()
+
+
+def _write_outbox():
+    if _State.emitting or not _outbox:
+        return  # empty, or a finalizer ran in the middle of a write
+    data = ("\n".join(_outbox) + "\n").encode()
+    _outbox.clear()
     _State.emitting = True
     try:
         _write_all(EVT_FD, data)
@@ -137,13 +164,14 @@ class _Capture:
 
 
 _CAPTURES = {}  # read fd -> _Capture
+_CAPTURE_FDS = []
 _OUTS = []  # the two _Out streams
 _WAKE = [-1, -1]  # self-pipe that wakes the capture thread
 
 
 def _drain_locked():
-    """Sends whatever C-level output is waiting in the capture pipes."""
-    ready = select.select(list(_CAPTURES), (), (), 0)[0]
+    """Queues whatever C-level output is waiting in the capture pipes."""
+    ready = select.select(_CAPTURE_FDS, (), (), 0)[0]
     for fd in ready:
         cap = _CAPTURES[fd]
         chunks = []
@@ -157,7 +185,7 @@ def _drain_locked():
                 break
         text = cap.decoder.decode(b"".join(chunks))
         if text:
-            _send({"type": cap.name, "text": text, "timestamp": _now()})
+            _queue_output(cap.name, text)
 
 
 def _flush_locked():
@@ -222,6 +250,7 @@ class _Out(io.TextIOBase):
             elif "\n" in s:
                 _drain_locked()
                 self.send_locked()
+                _write_outbox()
             elif self.since is None:
                 self.since = time.monotonic()
                 _wake()
@@ -237,6 +266,7 @@ class _Out(io.TextIOBase):
             if not _State.emitting:
                 _drain_locked()
                 self.send_locked()
+                _write_outbox()
         finally:
             _leave()
 
@@ -245,7 +275,7 @@ class _Out(io.TextIOBase):
             text = "".join(self._parts)
             self._parts.clear()
             self.since = None
-            _send({"type": self._name, "text": text, "timestamp": _now()})
+            _queue_output(self._name, text)
 
 
 def _wake():
@@ -276,6 +306,7 @@ def _capture_loop():
             for out in _OUTS:
                 if out.since is not None and now - out.since >= PARTIAL_FLUSH_SECONDS:
                     out.send_locked()
+            _write_outbox()
 
 
 _builtin_print = builtins.print
@@ -304,6 +335,7 @@ def _setup_output():
         os.close(w)
         os.set_blocking(r, False)
         _CAPTURES[r] = _Capture(name, r)
+        _CAPTURE_FDS.append(r)
     _WAKE[0], _WAKE[1] = os.pipe()
     os.set_blocking(_WAKE[0], False)
     os.set_blocking(_WAKE[1], False)
@@ -340,6 +372,7 @@ _REPR_METHODS = (
     ("_repr_javascript_", "application/javascript"),
 )
 _BINARY = ("image/png", "image/jpeg", "application/pdf")
+_PLAIN = frozenset((int, float, complex, bool, str, bytes, list, tuple, dict, set, frozenset, range))
 _OBJECT_KEYS = ("json", "data", "chart")
 
 
@@ -379,6 +412,8 @@ def _figure_png(fig):
 
 
 def _mimebundle(obj):
+    if type(obj) in _PLAIN:
+        return {"text/plain": repr(obj)}
     bundle = {}
     if not isinstance(obj, type):
         method = _method(obj, "_repr_mimebundle_")
@@ -513,18 +548,31 @@ def _run_code(code_obj, ns):
     return eval(code_obj, ns)
 
 
-def _run_cell(code, n, ns):
-    filename = "<cell-%d>" % n
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+def _compile(code, filename):
+    """Returns (statements, last expression) code objects, either may be None.
+    A cell that is one expression compiles directly (twice as fast)."""
+    try:
+        return None, compile(code, filename, "eval", TLA_FLAGS, dont_inherit=True)
+    except SyntaxError:
+        pass
     tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST | TLA_FLAGS, dont_inherit=True)
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr) and not _silenced(code, tree.body[-1]):
-        last = ast.Expression(tree.body.pop().value)
-    if tree.body:
-        _run_code(compile(tree, filename, "exec", TLA_FLAGS, dont_inherit=True), ns)
+        expr = ast.Expression(tree.body.pop().value)
+        last = compile(expr, filename, "eval", TLA_FLAGS, dont_inherit=True)
+    body = compile(tree, filename, "exec", TLA_FLAGS, dont_inherit=True) if tree.body else None
+    return body, last
+
+
+def _run_cell(code, n, ns):
+    filename = "<cell-%d>" % n
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    body, last = _compile(code, filename)
+    if body is not None:
+        _run_code(body, ns)
     shown = set()
     if last is not None:
-        value = _run_code(compile(last, filename, "eval", TLA_FLAGS, dont_inherit=True), ns)
+        value = _run_code(last, ns)
         if value is not None:
             ns["_"] = value
             _display(value, True, shown)
@@ -561,7 +609,8 @@ def _pop_env(saved):
 
 def _execute(req, ns):
     _State.count += 1
-    _emit({"type": "number_of_executions", "execution_count": _State.count})
+    with _lock:  # sent with the first output, or with "done"
+        _outbox.append('{"type":"number_of_executions","execution_count":%d}' % _State.count)
     if req.get("env"):
         os.environ.update(req["env"])
     saved = _push_env(req.get("tmp_env"))

@@ -26,13 +26,24 @@ func newNDJSON(w http.ResponseWriter, log *slog.Logger) *ndjson {
 	return &ndjson{w: w, rc: http.NewResponseController(w), log: log}
 }
 
-// write sends one complete line (ending in '\n').
+// write sends one complete line (ending in '\n') now.
 func (s *ndjson) write(line []byte) {
+	s.add(line)
+	s.flush()
+}
+
+// add buffers a line; flush sends it.
+func (s *ndjson) add(line []byte) {
 	if s.dropped {
 		return
 	}
 	if _, err := s.w.Write(line); err != nil {
 		s.dropped = true
+	}
+}
+
+func (s *ndjson) flush() {
+	if s.dropped {
 		return
 	}
 	if err := s.rc.Flush(); err != nil {
@@ -40,7 +51,7 @@ func (s *ndjson) write(line []byte) {
 	}
 }
 
-// event forwards a kernel event line. Anything that is not a JSON object
+// event buffers a kernel event line. Anything that is not a JSON object
 // with a leading "type" (the kernel writes nothing else; user code could
 // scribble on its fds) is dropped: a stray or blank line crashes the SDK.
 func (s *ndjson) event(line []byte) {
@@ -48,7 +59,7 @@ func (s *ndjson) event(line []byte) {
 		s.log.Warn("dropping malformed kernel event", "bytes", len(line))
 		return
 	}
-	s.write(line)
+	s.add(line)
 }
 
 // discard drops everything from now on (the client went away).

@@ -1,0 +1,233 @@
+package codeinterp
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestContexts(t *testing.T) {
+	h := newHarness(t, "", nil)
+	dir := t.TempDir()
+	a := h.createContext(map[string]any{"cwd": dir})
+	if a.ID == "" || a.Language != "python" || a.Cwd != dir {
+		t.Fatalf("created %+v", a)
+	}
+	b := h.createContext(map[string]any{"language": "python"})
+	home, _ := os.UserHomeDir()
+	if b.Cwd != home {
+		t.Errorf("default cwd %q, want %q", b.Cwd, home)
+	}
+	if o := h.runIn(a.ID, "import os\nos.getcwd()"); o.text() != dir {
+		t.Errorf("cwd in context: %q %v", o.text(), o.err)
+	}
+	h.runIn(a.ID, "v = 'a'")
+	h.runIn(b.ID, "v = 'b'")
+	h.run("v = 'default'")
+	for id, want := range map[string]string{a.ID: "a", b.ID: "b"} {
+		if o := h.runIn(id, "v"); o.text() != want {
+			t.Errorf("context %s: v = %q, want %q", id, o.text(), want)
+		}
+	}
+	if o := h.execute(map[string]any{"code": "v", "language": "python"}); o.text() != "default" {
+		t.Errorf("language python: v = %q", o.text())
+	}
+
+	status, body := h.do("GET", "/contexts", nil)
+	var list []contextInfo
+	if err := json.Unmarshal([]byte(body), &list); status != 200 || err != nil {
+		t.Fatalf("GET /contexts: %d %s", status, body)
+	}
+	if len(list) != 3 || list[1] != a || list[2] != b {
+		t.Fatalf("list = %+v", list)
+	}
+
+	if status, body := h.do("POST", "/contexts/"+a.ID+"/restart", nil); status/100 != 2 {
+		t.Fatalf("restart: %d %s", status, body)
+	}
+	if o := h.runIn(a.ID, "v"); o.err.str("name") != "NameError" || o.count != 1 {
+		t.Errorf("after restart: %v count %d", o.err, o.count)
+	}
+	if status, body := h.do("DELETE", "/contexts/"+a.ID, nil); status/100 != 2 {
+		t.Fatalf("delete: %d %s", status, body)
+	}
+	if status, _ := h.do("DELETE", "/contexts/"+a.ID, nil); status != 404 {
+		t.Errorf("second delete: %d", status)
+	}
+	if status, _ := h.do("POST", "/contexts/nope/restart", nil); status != 404 {
+		t.Errorf("restart unknown: %d", status)
+	}
+	_, body = h.do("GET", "/contexts", nil)
+	if strings.Contains(body, a.ID) {
+		t.Errorf("deleted context still listed: %s", body)
+	}
+}
+
+func TestRequestErrors(t *testing.T) {
+	h := newHarness(t, "", nil)
+	cases := []struct {
+		name   string
+		method string
+		path   string
+		body   any
+		status int
+		text   string
+	}{
+		{"both", "POST", "/execute", map[string]any{"code": "1", "context_id": "x", "language": "python"}, 400, "mutually exclusive"},
+		{"unknown context", "POST", "/execute", map[string]any{"code": "1", "context_id": "nope"}, 404, "nope"},
+		{"unknown language", "POST", "/execute", map[string]any{"code": "1", "language": "javascript"}, 400, "only python"},
+		{"bad json", "POST", "/execute", "not an object", 400, "decoding"},
+		{"create js", "POST", "/contexts", map[string]any{"language": "r"}, 400, "only python"},
+		{"create bad cwd", "POST", "/contexts", map[string]any{"cwd": "/does/not/exist"}, 400, "not a directory"},
+		{"health", "GET", "/health", nil, 204, ""},
+	}
+	for _, c := range cases {
+		status, body := h.do(c.method, c.path, c.body)
+		if status != c.status || !strings.Contains(body, c.text) {
+			t.Errorf("%s: %d %q, want %d containing %q", c.name, status, body, c.status, c.text)
+		}
+	}
+}
+
+func TestStreamingIsLive(t *testing.T) {
+	h := newHarness(t, "", nil)
+	start := time.Now()
+	var firstAt, partialAt time.Duration
+	resp := h.post(context.Background(), "/execute", map[string]any{
+		"code": "import time\nprint('first')\nprint('partial', end='')\ntime.sleep(1)\nprint(' second')",
+	})
+	defer resp.Body.Close()
+	keepalives := 0
+	o := h.readStream(resp.Body, func(e event) {
+		switch {
+		case e.typ() == "stdout" && e.str("text") == "first\n":
+			firstAt = time.Since(start)
+		case e.typ() == "stdout" && e.str("text") == "partial":
+			partialAt = time.Since(start)
+		case e.typ() == "keepalive":
+			keepalives++
+		}
+	})
+	if o.stdout != "first\npartial second\n" {
+		t.Errorf("stdout = %q", o.stdout)
+	}
+	if firstAt == 0 || firstAt > 700*time.Millisecond || partialAt == 0 || partialAt > 700*time.Millisecond {
+		t.Errorf("output not live: first at %v, partial line at %v", firstAt, partialAt)
+	}
+	if keepalives == 0 {
+		t.Errorf("no keepalive during a 1 s cell (interval %v)", h.ip.timing.keepalive)
+	}
+}
+
+// TestInterruptOnDisconnect: the SDK closes the connection at its timeout;
+// the cell must stop, and the context keep its state.
+func TestInterruptOnDisconnect(t *testing.T) {
+	h := newHarness(t, "", nil)
+	noError(t, h.run("x = 5"))
+	for _, code := range []string{
+		"import time\nprint('started', flush=True)\ntime.sleep(60)",
+		"import os\nprint('started', flush=True)\nos.system('sleep 60')",
+		"print('started', flush=True)\nwhile True: pass",
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		resp := h.post(ctx, "/execute", map[string]any{"code": code})
+		waitForStdout(t, resp.Body, "started")
+		cancel()
+		resp.Body.Close()
+		start := time.Now()
+		o := h.run("x")
+		if o.text() != "5" {
+			t.Fatalf("after interrupt of %q: %q %v", code, o.text(), o.err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("next execution waited %v", d)
+		}
+	}
+}
+
+func waitForStdout(t *testing.T, body io.Reader, text string) {
+	t.Helper()
+	sc := bufio.NewScanner(body)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), text) {
+			return
+		}
+	}
+	t.Fatalf("stream ended before %q", text)
+}
+
+// TestInterruptIgnored: a cell that swallows KeyboardInterrupt is killed.
+func TestInterruptIgnored(t *testing.T) {
+	h := newHarness(t, "", nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	resp := h.post(ctx, "/execute", map[string]any{"code": `import signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+print('started', flush=True)
+time.sleep(60)`})
+	waitForStdout(t, resp.Body, "started")
+	cancel()
+	resp.Body.Close()
+	start := time.Now()
+	if o := h.run("1"); o.text() != "1" {
+		t.Fatalf("after killing a stuck kernel: %v", o.err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("recovery took %v", d)
+	}
+}
+
+func TestKernelCrash(t *testing.T) {
+	h := newHarness(t, "", nil)
+	for _, code := range []string{
+		"import os\nprint('bye')\nos._exit(3)",
+		"import ctypes\nctypes.string_at(0)",
+	} {
+		noError(t, h.run("y = 1"))
+		o := h.run(code)
+		if o.err.str("name") != "UnexpectedEndOfExecution" {
+			t.Fatalf("%q: error %v", code, o.err)
+		}
+		if strings.Contains(code, "bye") && o.stdout != "bye\n" {
+			t.Errorf("output before the crash lost: %q", o.stdout)
+		}
+		o = h.run("y")
+		if o.err.str("name") != "NameError" {
+			t.Fatalf("after crash: state should be fresh, got %q %v", o.text(), o.err)
+		}
+		if o := h.run("2 * 21"); o.text() != "42" {
+			t.Fatalf("after crash: %q %v", o.text(), o.err)
+		}
+	}
+}
+
+func TestConcurrency(t *testing.T) {
+	h := newHarness(t, "", nil)
+	a := h.createContext(nil)
+	b := h.createContext(nil)
+	sleep := "import time\ntime.sleep(0.8)\n'done'"
+	parallel := func(ids ...string) time.Duration {
+		start := time.Now()
+		var wg sync.WaitGroup
+		for _, id := range ids {
+			wg.Go(func() {
+				if o := h.runIn(id, sleep); o.text() != "done" {
+					t.Errorf("context %s: %q %v", id, o.text(), o.err)
+				}
+			})
+		}
+		wg.Wait()
+		return time.Since(start)
+	}
+	if d := parallel(a.ID, b.ID); d > 1500*time.Millisecond {
+		t.Errorf("two contexts took %v: not parallel", d)
+	}
+	if d := parallel(a.ID, a.ID); d < 1600*time.Millisecond {
+		t.Errorf("one context ran two cells in %v: not serialized", d)
+	}
+}
