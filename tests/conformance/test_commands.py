@@ -270,8 +270,8 @@ def test_pty_create_send_stdin_resize_exit(sbx):
     try:
         sbx.pty.send_stdin(h.pid, b"stty size; echo TERM=$TERM; tty\n")
         reader.wait_for("24 80")
-        out = reader.wait_for("TERM=xterm-256color")
-        assert "/dev/pts/" in reader.wait_for("/dev/pts/")
+        reader.wait_for("TERM=xterm-256color")  # SDK default PTY env
+        reader.wait_for("/dev/pts/")
         sbx.pty.resize(h.pid, PtySize(rows=30, cols=100))
         sbx.pty.send_stdin(h.pid, b"stty size\n")
         reader.wait_for("30 100")
@@ -281,7 +281,6 @@ def test_pty_create_send_stdin_resize_exit(sbx):
         assert reader.result.exit_code == 0
     finally:
         sbx.pty.kill(h.pid)
-    assert out
 
 
 def test_pty_user_cwd_envs(sbx):

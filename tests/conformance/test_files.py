@@ -5,7 +5,6 @@ filesystem Connect service (stat, list, mkdir, move, remove, watchers)
 
 from __future__ import annotations
 
-import gzip as gzip_mod
 import io
 import os
 import time
