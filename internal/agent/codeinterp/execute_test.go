@@ -3,6 +3,7 @@ package codeinterp
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestStateAndLastExpression(t *testing.T) {
@@ -64,14 +65,16 @@ sys.stdout.write("partial")`)
 	if o.stderr != "warn\nshell-err\n" {
 		t.Errorf("stderr = %q", o.stderr)
 	}
-	var lines []string
+	var chunks []string
 	for _, e := range o.events {
 		if e.typ() == "stdout" {
-			lines = append(lines, e.str("text"))
+			chunks = append(chunks, e.str("text"))
 		}
 	}
-	if lines[0] != "a\n" {
-		t.Errorf("print() should be one event per line, got %q", lines)
+	for _, c := range chunks[:len(chunks)-1] {
+		if !strings.HasSuffix(c, "\n") {
+			t.Errorf("a line was split across stdout events: %q", chunks)
+		}
 	}
 	o = h.run("import subprocess\nsubprocess.run(['printf', 'sub'])\nprint('!')")
 	if o.stdout != "sub!\n" {
@@ -165,5 +168,28 @@ Rich()`)
 	}
 	if o := h.run("Rich"); o.results[0]["html"] != nil {
 		t.Errorf("a class is shown as text only: %v", o.results)
+	}
+}
+
+// TestOutputFlood: a burst of prints is coalesced into few events, and big
+// outputs arrive whole.
+func TestOutputFlood(t *testing.T) {
+	h := newHarness(t, "", nil)
+	start := time.Now()
+	o := h.run("for i in range(100000): print(i)")
+	chunks := 0
+	for _, e := range o.events {
+		if e.typ() == "stdout" {
+			chunks++
+		}
+	}
+	if len(o.stdout) != 588890 || chunks > 10000 {
+		t.Errorf("100k prints: %d bytes in %d events", len(o.stdout), chunks)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("100k prints took %v", d)
+	}
+	if o := h.run("import os\nprint('x' * 5_000_000)\nos.system('seq 1 100000 | wc -l')"); o.stdout != strings.Repeat("x", 5e6)+"\n100000\n" {
+		t.Errorf("big output: %d bytes", len(o.stdout))
 	}
 }

@@ -41,6 +41,7 @@ from json.encoder import encode_basestring_ascii as _json_str
 
 CMD_FD, EVT_FD = 3, 4
 PARTIAL_FLUSH_SECONDS = 0.05  # an unterminated line is sent after this long
+COALESCE_SECONDS = 0.002  # output this soon after a write waits for the next
 CO_COROUTINE = 0x0080
 TLA_FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
 
@@ -58,6 +59,8 @@ class _State:
     pending = False
     emitting = False  # an event line is being written (lock held)
     forked = False  # this is a child forked by user code: no protocol here
+    deferred = False  # the outbox waits for the capture thread to write it
+    last_write = 0.0  # monotonic time of the last write to fd 4
     count = 0  # execution_count
     loop = None  # asyncio loop for cells with top-level await
 
@@ -107,7 +110,7 @@ def _write_all(fd, data):
         view = view[os.write(fd, view):]
 
 
-_outbox = []  # encoded events for the next write to fd 4 (lock held)
+_outbox = []  # events for the next write to fd 4 (lock held): str or [name, [text], ts]
 
 
 def _queue(event):
@@ -116,8 +119,20 @@ def _queue(event):
 
 
 def _queue_output(name, text):
-    """_queue for stdout/stderr, formatted by hand: the hot path."""
-    _outbox.append('{"type":"%s","text":%s,"timestamp":"%s"}' % (name, _json_str(text), _now()))
+    """Adds stdout/stderr text to the next write, merged with the text just
+    before it of the same stream."""
+    last = _outbox[-1] if _outbox else None
+    if type(last) is list and last[0] == name:
+        last[1].append(text)
+    else:
+        _outbox.append([name, [text], _now()])
+
+
+def _encoded(item):
+    if type(item) is str:
+        return item
+    name, texts, ts = item  # formatted by hand: the hot path
+    return '{"type":"%s","text":%s,"timestamp":"%s"}' % (name, _json_str("".join(texts)), ts)
 
 
 def _send(event):
@@ -129,15 +144,48 @@ def _send(event):
 def _write_outbox():
     if _State.emitting or not _outbox:
         return  # empty, or a finalizer ran in the middle of a write
-    data = ("\n".join(_outbox) + "\n").encode()
+    data = ("\n".join(map(_encoded, _outbox)) + "\n").encode()
     _outbox.clear()
     _State.emitting = True
     try:
         _write_all(EVT_FD, data)
     except OSError:
-        os._exit(0)  # the agent is gone
+        _real_exit(0)  # the agent is gone
     finally:
         _State.emitting = False
+        _State.deferred = False
+        _State.last_write = time.monotonic()
+
+
+_real_exit = os._exit
+
+
+def _exit(status):
+    """os._exit that first sends the output still waiting in the outbox."""
+    if not _State.forked:
+        try:
+            with _lock:
+                _flush_locked()
+                _write_outbox()
+        except BaseException:
+            pass
+    _real_exit(status)
+
+
+def _write_soon(now=None):
+    """Writes the outbox now, or, right after another write, lets the
+    capture thread write it COALESCE_SECONDS later: a burst of prints
+    becomes a few large writes instead of one per line."""
+    if not _outbox:
+        return
+    if now is None:
+        now = time.monotonic()
+    if now - _State.last_write >= COALESCE_SECONDS:
+        _write_outbox()
+    elif not _State.deferred:
+        _State.deferred = True
+        if threading.get_ident() != _CAPTURE_THREAD[0]:
+            _wake()
 
 
 def _emit(event):
@@ -250,7 +298,7 @@ class _Out(io.TextIOBase):
             elif "\n" in s:
                 _drain_locked()
                 self.send_locked()
-                _write_outbox()
+                _write_soon()
             elif self.since is None:
                 self.since = time.monotonic()
                 _wake()
@@ -266,7 +314,7 @@ class _Out(io.TextIOBase):
             if not _State.emitting:
                 _drain_locked()
                 self.send_locked()
-                _write_outbox()
+                _write_soon()
         finally:
             _leave()
 
@@ -285,14 +333,16 @@ def _wake():
         pass  # full: the thread is awake anyway
 
 
+_CAPTURE_THREAD = [None]
+
+
 def _capture_loop():
-    fds = list(_CAPTURES) + [_WAKE[0]]
+    """Forwards C-level output as it comes, and sends partial lines and
+    deferred writes when they are due."""
+    _CAPTURE_THREAD[0] = threading.get_ident()
+    fds = _CAPTURE_FDS + [_WAKE[0]]
     while True:
-        timeout = None
-        pending = [o.since for o in _OUTS if o.since is not None]
-        if pending:
-            timeout = max(0.0, min(pending) + PARTIAL_FLUSH_SECONDS - time.monotonic())
-        ready = select.select(fds, (), (), timeout)[0]
+        ready = select.select(fds, (), (), _next_deadline())[0]
         if _WAKE[0] in ready:
             try:
                 os.read(_WAKE[0], 4096)
@@ -306,7 +356,15 @@ def _capture_loop():
             for out in _OUTS:
                 if out.since is not None and now - out.since >= PARTIAL_FLUSH_SECONDS:
                     out.send_locked()
-            _write_outbox()
+            _write_soon(now)
+
+
+def _next_deadline():
+    """Seconds until the capture thread has something to send, or None."""
+    due = [o.since + PARTIAL_FLUSH_SECONDS for o in _OUTS if o.since is not None]
+    if _State.deferred:
+        due.append(_State.last_write + COALESCE_SECONDS)
+    return max(0.0, min(due) - time.monotonic()) if due else None
 
 
 _builtin_print = builtins.print
@@ -609,6 +667,7 @@ def _pop_env(saved):
 
 def _execute(req, ns):
     _State.count += 1
+    _State.last_write = 0.0  # a cell's first output is sent at once
     with _lock:  # sent with the first output, or with "done"
         _outbox.append('{"type":"number_of_executions","execution_count":%d}' % _State.count)
     if req.get("env"):
@@ -677,6 +736,7 @@ def main():
     ns = _setup_namespace()
     _setup_output()
     signal.signal(signal.SIGINT, _on_sigint)
+    os._exit = _exit
     os.register_at_fork(after_in_child=_after_fork_in_child)
     sys.meta_path.insert(0, _PyplotHook())
     threading.Thread(target=_capture_loop, name="cellfork-capture", daemon=True).start()
