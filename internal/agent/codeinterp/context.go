@@ -96,7 +96,8 @@ func (c *codeContext) kernel(ctx context.Context, spawn func(id, cwd string) (sp
 	if err != nil {
 		return nil, err
 	}
-	k, err := startKernel(ctx, spec)
+	// Not cancelled with the request: whoever runs next uses this kernel.
+	k, err := startKernel(context.WithoutCancel(ctx), spec)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -62,9 +63,67 @@ func newHarness(t testing.TB, python string, envs map[string]string) *harness {
 	h := &harness{t: t, ip: ip, srv: srv, sets: sets}
 	t.Cleanup(func() {
 		srv.Close()
-		ip.Close()
+		h.closeAndCheckLeaks()
 	})
 	return h
+}
+
+// closeAndCheckLeaks closes the interpreter and checks that nothing of its
+// kernels' process groups (kernels, shells, sleeps they started) survives.
+func (h *harness) closeAndCheckLeaks() {
+	groups := map[int]bool{}
+	for _, pid := range h.ip.kernelPIDs() {
+		groups[pid] = true
+	}
+	h.ip.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left := processesInGroups(groups)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Errorf("processes left after Close: %v", left)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// kernelPIDs returns the pids (= process groups) of the live kernels.
+func (i *Interpreter) kernelPIDs() []int {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	var pids []int
+	for _, c := range i.contexts {
+		c.mu <- struct{}{}
+		if c.k != nil {
+			pids = append(pids, c.k.pid)
+		}
+		<-c.mu
+	}
+	return pids
+}
+
+// processesInGroups lists the live (not zombie) processes in groups.
+func processesInGroups(groups map[int]bool) []string {
+	entries, _ := os.ReadDir("/proc")
+	var left []string
+	for _, e := range entries {
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp ...; comm may contain spaces.
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(fields) < 3 || fields[0] == "Z" {
+			continue
+		}
+		if pgrp, _ := strconv.Atoi(fields[2]); groups[pgrp] {
+			left = append(left, e.Name()+" "+string(stat[:bytes.LastIndexByte(stat, ')')+1]))
+		}
+	}
+	return left
 }
 
 func currentUser(t testing.TB) string {

@@ -169,9 +169,12 @@ func (k *kernel) readEvents(evR *os.File, ready chan struct{}) {
 	select {
 	case <-k.waited:
 	case <-time.After(time.Second):
-		k.signal(syscall.SIGKILL) // closed its events but lives on: useless
-		<-k.waited
+		k.log.Warn("kernel closed its events but lives on; killing it")
 	}
+	// The next kernel starts from a clean slate: what this one started
+	// (its process group) goes with it.
+	k.kill()
+	<-k.waited
 	k.cmdW.Close()
 }
 

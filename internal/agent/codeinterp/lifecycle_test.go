@@ -4,12 +4,19 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cellfork/cellfork/internal/agent"
 )
 
 func TestContexts(t *testing.T) {
@@ -184,6 +191,9 @@ time.sleep(60)`})
 
 func TestKernelCrash(t *testing.T) {
 	h := newHarness(t, "", nil)
+	// Started on purpose: it must die with its kernel.
+	o := h.run("import subprocess\nsubprocess.Popen(['sleep', '300']).pid")
+	bg, _ := strconv.Atoi(o.text())
 	for _, code := range []string{
 		"import os\nprint('bye')\nos._exit(3)",
 		"import ctypes\nctypes.string_at(0)",
@@ -204,6 +214,22 @@ func TestKernelCrash(t *testing.T) {
 			t.Fatalf("after crash: %q %v", o.text(), o.err)
 		}
 	}
+	deadline := time.Now().Add(5 * time.Second)
+	for syscall.Kill(bg, 0) == nil && !isZombie(bg) {
+		if time.Now().After(deadline) {
+			t.Fatalf("background process %d of a crashed kernel still runs", bg)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func isZombie(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	return len(fields) > 0 && fields[0] == "Z"
 }
 
 func TestConcurrency(t *testing.T) {
@@ -229,5 +255,87 @@ func TestConcurrency(t *testing.T) {
 	}
 	if d := parallel(a.ID, a.ID); d < 1600*time.Millisecond {
 		t.Errorf("one context ran two cells in %v: not serialized", d)
+	}
+}
+
+// TestOfficialSDK drives the interpreter with e2b-code-interpreter, when the
+// host python has it.
+func TestOfficialSDK(t *testing.T) {
+	py := hostPython(t)
+	if exec.Command(py, "-c", "import e2b_code_interpreter").Run() != nil {
+		t.Skip("e2b-code-interpreter is not installed for " + py)
+	}
+	h := newHarness(t, "", nil)
+	out, err := exec.Command(py, "testdata/sdk_client.py", h.srv.URL).CombinedOutput()
+	if err != nil {
+		t.Fatalf("sdk client: %v\n%s", err, out)
+	}
+	var r struct {
+		Text           string   `json:"text"`
+		Stdout         []string `json:"stdout"`
+		Stderr         []string `json:"stderr"`
+		Live           []string `json:"live"`
+		Count          int      `json:"count"`
+		Error          []any    `json:"error"`
+		Env            string   `json:"env"`
+		CtxX           string   `json:"ctx_x"`
+		Contexts       int      `json:"contexts"`
+		AfterRestart   string   `json:"after_restart"`
+		BadLanguage    string   `json:"bad_language"`
+		Timeout        string   `json:"timeout"`
+		AfterTimeout   string   `json:"after_timeout"`
+		TimeoutSeconds float64  `json:"timeout_seconds"`
+		AfterSeconds   float64  `json:"after_timeout_seconds"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("report %s: %v", out, err)
+	}
+	t.Logf("report: %+v", r)
+	if r.Text != "42" || strings.Join(r.Stdout, "") != "hello\n" || strings.Join(r.Stderr, "") != "oops\n" ||
+		len(r.Live) != 1 || r.Count != 2 {
+		t.Errorf("run_code: %+v", r)
+	}
+	if len(r.Error) != 3 || r.Error[0] != "ZeroDivisionError" || r.Error[2] != true {
+		t.Errorf("error: %v", r.Error)
+	}
+	if r.Env != "yes" || r.CtxX != "ctx" || r.Contexts != 2 || r.AfterRestart != "False" {
+		t.Errorf("envs/contexts: %+v", r)
+	}
+	if r.BadLanguage == "" || r.Timeout != "TimeoutException" || r.AfterTimeout != "41" ||
+		r.TimeoutSeconds > 5 || r.AfterSeconds > 5 {
+		t.Errorf("language/timeout: %+v", r)
+	}
+}
+
+// TestRunsAsDefaultUser: kernels run as Settings.User() with its identity
+// in the environment. Needs root, the user nobody and /usr/bin/python3.
+func TestRunsAsDefaultUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to switch users")
+	}
+	acct, err := agent.LookupAccount("nobody")
+	if err != nil {
+		t.Skip("no user nobody")
+	}
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Skip("no /usr/bin/python3 (the host python3 may not be readable by nobody)")
+	}
+	h := newHarness(t, "/usr/bin/python3", nil)
+	h.sets.Init("nobody", "", nil)
+	dir, err := os.MkdirTemp("", "codeinterp-user-") // t.TempDir's parent is 0700
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o777)
+	c := h.createContext(map[string]any{"cwd": dir})
+	o := h.runIn(c.ID, "import os\nprint(os.getuid(), os.getgid(), os.environ['USER'], os.environ['HOME'])\nopen('f', 'w').write('x')")
+	noError(t, o)
+	want := fmt.Sprintf("%d %d nobody %s\n", acct.UID, acct.GID, acct.Home)
+	if o.stdout != want {
+		t.Errorf("identity %q, want %q", o.stdout, want)
+	}
+	if st, err := os.Stat(filepath.Join(dir, "f")); err != nil || st.Sys().(*syscall.Stat_t).Uid != acct.UID {
+		t.Errorf("file not owned by nobody: %v", err)
 	}
 }
