@@ -131,7 +131,8 @@ func (a *app) sandboxList(ctx context.Context, args []string) error {
 }
 
 // listQuery builds the GET /v2/sandboxes query (spec §2.4.5): metadata is
-// itself a URL-encoded k=v&k2=v2 string.
+// itself a URL-encoded k=v&k2=v2 string whose keys and values are
+// percent-encoded first, as the E2B SDKs send it.
 func listQuery(state string, meta map[string]string) url.Values {
 	q := url.Values{}
 	if state != "" {
@@ -140,7 +141,7 @@ func listQuery(state string, meta map[string]string) url.Values {
 	if len(meta) > 0 {
 		m := url.Values{}
 		for k, v := range meta {
-			m.Set(k, v)
+			m.Set(url.QueryEscape(k), url.QueryEscape(v))
 		}
 		q.Set("metadata", m.Encode())
 	}

@@ -65,7 +65,8 @@ func TestSandboxList(t *testing.T) {
 		t.Errorf("query %v", q)
 	}
 	meta, err := url.ParseQuery(q.Get("metadata"))
-	if err != nil || meta.Get("owner") != "a&b" || meta.Get("k") != "v" || len(meta) != 2 {
+	owner, _ := url.QueryUnescape(meta.Get("owner"))
+	if err != nil || owner != "a&b" || meta.Get("k") != "v" || len(meta) != 2 {
 		t.Errorf("metadata %q -> %v (%v)", q.Get("metadata"), meta, err)
 	}
 

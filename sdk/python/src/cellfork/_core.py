@@ -22,7 +22,7 @@ import base64
 import random
 from dataclasses import dataclass, field
 from typing import Any, Mapping
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 
@@ -218,9 +218,9 @@ class ApiCore:
     ) -> RequestSpec:
         params: dict[str, str] = {}
         if metadata:
-            params["metadata"] = "&".join(
-                f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in metadata.items()
-            )
+            # As the E2B SDK does: quote each key and value, then urlencode
+            # the pairs; the server unescapes once more after parsing.
+            params["metadata"] = urlencode({quote(k, safe=""): quote(v, safe="") for k, v in metadata.items()})
         if state:
             params["state"] = ",".join(state)
         if limit is not None:

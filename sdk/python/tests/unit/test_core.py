@@ -79,7 +79,8 @@ def test_list_request_params():
     spec = _core().list_request({"a b": "c&d"}, ["running", "paused"], 10, "tok", None)
     assert spec.idempotent
     req = _render(spec)
-    assert req.url.params["metadata"] == "a%20b=c%26d"
+    # Quoted, then urlencoded: the E2B SDKs' encoding, unescaped twice by the server.
+    assert req.url.params["metadata"] == "a%2520b=c%2526d"
     assert req.url.params["state"] == "running,paused"
     assert req.url.params["limit"] == "10" and req.url.params["nextToken"] == "tok"
 
