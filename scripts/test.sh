@@ -8,7 +8,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:$(go env GOPATH)/bin"
-DATA_DIR=${DATA_DIR:-/var/lib/cellfork}
 step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
 step "go vet"
@@ -17,37 +16,24 @@ step "generated code is up to date"
 bash scripts/check-generated.sh
 
 step "go test (unit + integration with real gVisor sandboxes)"
-CELLFORK_TEMPLATE_DIR="$DATA_DIR/templates" go test -race -count=1 -timeout 20m ./...
+CELLFORK_TEMPLATE_DIR="${DATA_DIR:-/var/lib/cellfork}/templates" go test -race -count=1 -timeout 20m ./...
 
 step "python tests against a test daemon"
-tmp=$(mktemp -d /tmp/cellfork-test.XXXXXX)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-key="test-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+. scripts/lib.sh
 netns_before=$(ls /run/netns 2>/dev/null | sort || true)
-CELLFORK_API_KEY="$key" bin/cellfork serve --addr "127.0.0.1:$port" --data-dir "$tmp/data" \
-  --template-dir "$DATA_DIR/templates" --max-upload-mb 64 > "$tmp/daemon.log" 2>&1 &
-daemon=$!
-cleanup() {
-  kill -TERM "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null
-  for _ in 1 2 3; do umount "$tmp/data/runsc/null-netns" 2>/dev/null || true; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
-export CELLFORK_URL="http://127.0.0.1:$port" CELLFORK_API_KEY="$key"
-export E2B_API_URL="$CELLFORK_URL" E2B_SANDBOX_URL="$CELLFORK_URL" E2B_API_KEY="$key"
+start_test_daemon --max-upload-mb 64
 status=0
 .venv/bin/pytest -q -p no:cacheprovider sdk/python/tests tests || status=$?
 
 step "leak check"
 sleep 1
-left=$(/usr/local/lib/cellfork/runsc --root "$tmp/data/runsc" list -q 2>/dev/null | grep -v '^ID' || true)
+left=$(/usr/local/lib/cellfork/runsc --root "$TEST_TMP/data/runsc" list -q 2>/dev/null | grep -v '^ID' || true)
 # Sandboxes still alive at this point were leaked by a test that did not kill them.
-alive=$(curl -fsS -H "X-API-KEY: $key" "$CELLFORK_URL/v2/sandboxes" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
+alive=$(curl -fsS -H "X-API-KEY: $CELLFORK_API_KEY" "$CELLFORK_URL/v2/sandboxes" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
 netns_after=$(ls /run/netns 2>/dev/null | sort || true)
 new_netns=$(comm -13 <(echo "$netns_before") <(echo "$netns_after") | grep . || true)
 if [ "$alive" != 0 ]; then echo "leak: $alive sandbox(es) still alive after the Python tests"; status=1; fi
 if [ "$alive" = 0 ] && [ -n "$left" ]; then echo "leak: runsc containers left: $left"; status=1; fi
 if [ "$alive" = 0 ] && [ -n "$new_netns" ]; then echo "leak: network namespaces left: $new_netns"; status=1; fi
-if [ "$status" != 0 ]; then echo "--- test daemon log (last 40 lines)"; tail -n 40 "$tmp/daemon.log"; fi
+if [ "$status" != 0 ]; then echo "--- test daemon log (last 40 lines)"; tail -n 40 "$TEST_TMP/daemon.log"; fi
 exit $status

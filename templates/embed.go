@@ -6,7 +6,8 @@ package templates
 
 import "embed"
 
-// FS holds build-rootfs.sh and <template>/packages.
+// FS holds build-rootfs.sh, <template>/packages and <template>/preimport
+// (modules the warm image has imported, so the first run_code is instant).
 //
-//go:embed build-rootfs.sh base/packages
+//go:embed build-rootfs.sh base/packages base/preimport
 var FS embed.FS

@@ -22,13 +22,31 @@ func main() {
 
 	s := agent.NewSettings()
 	ci := codeinterp.New(s, *kernel)
+	ready, startErr := make(chan struct{}), error(nil)
 	go func() {
-		if err := ci.StartDefault(); err != nil {
-			log.Printf("starting default code context: %v", err)
+		if startErr = ci.StartDefault(); startErr != nil {
+			log.Printf("starting default code context: %v", startErr)
 		}
+		close(ready)
 	}()
+	// GET /ready answers once the default code context (and the template's
+	// pre-imports) is up: the daemon waits on it before taking a template's
+	// warm snapshot.
+	code := http.NewServeMux()
+	code.Handle("/", ci.Handler())
+	code.HandleFunc("GET /ready", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-ready:
+			if startErr != nil {
+				http.Error(w, startErr.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+		case <-r.Context().Done():
+		}
+	})
 	errc := make(chan error, 2)
-	for addr, h := range map[string]http.Handler{*envdAddr: envd.New(s), *codeAddr: ci.Handler()} {
+	for addr, h := range map[string]http.Handler{*envdAddr: envd.New(s), *codeAddr: code} {
 		srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 30 * time.Second}
 		go func() { errc <- srv.ListenAndServe() }()
 	}

@@ -48,11 +48,20 @@ func serve(ctx context.Context, args []string) int {
 	fs.IntVar(&cfg.MaxLimits.MemoryMB, "max-memory-mb", 8192, "most memory (MiB) a create may ask for")
 	fs.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "sandbox lifetime unless the create asks otherwise")
 	fs.DurationVar(&cfg.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox lifetime a caller may set")
+	fs.IntVar(&cfg.PoolReady, "pool-ready", 2, "sandboxes per template kept restored and ready to hand out (0 = none)")
+	fs.IntVar(&cfg.PoolShells, "pool-shells", 2, "prepared sandboxes kept to restore snapshots, forks and rollbacks into")
+	fs.IntVar(&cfg.StartConcurrency, "start-concurrency", 2*runtime.NumCPU(), "sandbox starts (boots, restores) run at once; more wait in line")
+	fs.IntVar(&cfg.StartQueue, "start-queue", 256, "starts that may wait in line before requests get 503")
+	fs.DurationVar(&cfg.StartWait, "start-wait", time.Minute, "longest a start waits in line before a 503")
+	capMB := fs.Int64("snapshot-cap-mb", 20480, "refuse new snapshots once snapshot images use this much disk (MiB; 0 = no cap)")
+	fs.IntVar(&cfg.MaxFork, "max-fork", 64, "largest fork count")
+	fs.DurationVar(&cfg.SpillAfter, "spill-after", 10*time.Second, "how long a paused sandbox stays frozen in memory before it is written to disk")
 	verbose := fs.Bool("v", false, "log every request")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	cfg.MaxUploadBytes = *uploadMB << 20
+	cfg.SnapshotCapBytes = *capMB << 20
 	if keys := os.Getenv("CELLFORK_API_KEY"); keys != "" {
 		for _, k := range strings.Split(keys, ",") {
 			if k = strings.TrimSpace(k); k != "" {

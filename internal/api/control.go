@@ -34,6 +34,17 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.connect)
 	s.mux.HandleFunc("POST /sandboxes/{id}/connect", s.connect)
 	s.mux.HandleFunc("GET /sandboxes/{id}/metrics", s.metrics)
+	s.mux.HandleFunc("POST /sandboxes/{id}/pause", s.pause)
+	s.mux.HandleFunc("POST /sandboxes/{id}/resume", s.resume)
+	s.mux.HandleFunc("POST /sandboxes/{id}/snapshots", s.snapshot)
+	s.mux.HandleFunc("GET /snapshots", s.listSnapshots)
+	s.mux.HandleFunc("GET /snapshots/usage", s.snapshotUsage)
+	s.mux.HandleFunc("GET /snapshots/{snapshotID}", s.getSnapshot)
+	s.mux.HandleFunc("DELETE /snapshots/{snapshotID}", s.deleteSnapshot)
+	s.mux.HandleFunc("DELETE /templates/{snapshotID}", s.deleteSnapshot)
+	s.mux.HandleFunc("POST /sandboxes/{id}/fork", s.fork)
+	s.mux.HandleFunc("POST /sandboxes/{id}/rollback", s.rollback)
+	s.mux.HandleFunc("POST /sandboxes/{id}/merge", s.merge)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, requestID(w), http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
@@ -74,6 +85,15 @@ type newSandboxBody struct {
 	MemoryMB            int               `json:"memoryMB"`
 }
 
+// autoPauseRequested reads E2B's lifecycle: autoPause true = pause on
+// timeout instead of kill.
+func (b *newSandboxBody) onTimeout() string {
+	if b.AutoPause != nil && *b.AutoPause {
+		return "pause"
+	}
+	return "kill"
+}
+
 // sandboxBody is E2B's Sandbox object.
 type sandboxBody struct {
 	TemplateID         string  `json:"templateID"`
@@ -83,6 +103,9 @@ type sandboxBody struct {
 	EnvdAccessToken    string  `json:"envdAccessToken"`
 	TrafficAccessToken string  `json:"trafficAccessToken"`
 	Domain             *string `json:"domain"`
+	// BootMode (ours) says how the sandbox started: pool, restore, boot
+	// or fork.
+	BootMode string `json:"bootMode,omitempty"`
 }
 
 const clientID = "cellfork"
@@ -99,6 +122,7 @@ func (s *Server) sandboxJSON(sb *sandbox.Sandbox) sandboxBody {
 	return sandboxBody{
 		TemplateID: sb.TemplateID, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: EnvdVersion,
 		EnvdAccessToken: sb.AccessToken, TrafficAccessToken: sb.AccessToken, Domain: s.domain(),
+		BootMode: sb.BootMode,
 	}
 }
 
@@ -112,12 +136,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "templateID is required"))
 		return
 	}
-	if b.AutoPause != nil && *b.AutoPause {
-		s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "autoPause is not supported by this server yet"))
-		return
-	}
 	req := manager.CreateRequest{TemplateID: *b.TemplateID, Metadata: b.Metadata, Envs: b.EnvVars,
-		CPUCount: b.CPUCount, MemoryMB: b.MemoryMB}
+		CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, OnTimeout: b.onTimeout()}
 	if b.Timeout != nil {
 		if *b.Timeout <= 0 {
 			s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "timeout must be a positive number of seconds"))
@@ -137,11 +157,14 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 // same fields minus tokens and domain).
 type detailBody struct {
 	listedBody
-	EnvdAccessToken     string            `json:"envdAccessToken"`
-	Domain              *string           `json:"domain"`
-	AllowInternetAccess bool              `json:"allowInternetAccess"`
-	Lifecycle           map[string]any    `json:"lifecycle"`
-	Envs                map[string]string `json:"-"`
+	EnvdAccessToken     string         `json:"envdAccessToken"`
+	Domain              *string        `json:"domain"`
+	AllowInternetAccess bool           `json:"allowInternetAccess"`
+	Lifecycle           map[string]any `json:"lifecycle"`
+	// Ours: where the sandbox's state comes from.
+	ParentSandboxID string `json:"parentSandboxID,omitempty"`
+	SnapshotID      string `json:"snapshotID,omitempty"`
+	BootMode        string `json:"bootMode,omitempty"`
 }
 
 type listedBody struct {
@@ -177,6 +200,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		listedBody: listedJSON(sb), EnvdAccessToken: sb.AccessToken, Domain: s.domain(),
 		AllowInternetAccess: false,
 		Lifecycle:           map[string]any{"autoResume": false, "onTimeout": sb.OnTimeout},
+		ParentSandboxID:     sb.ParentID, SnapshotID: sb.BaseSnapshot, BootMode: sb.BootMode,
 	})
 }
 
@@ -221,13 +245,15 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 	if b.Duration != nil {
 		d = *b.Duration
 	}
-	if err := s.m.SetTimeout(r.Context(), r.PathValue("id"), time.Duration(d)*time.Second); err != nil {
+	if err := s.m.ExtendTimeout(r.Context(), r.PathValue("id"), time.Duration(d)*time.Second); err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// connect returns a running sandbox (200) or resumes a paused one (201).
+// A timeout only ever extends the sandbox's life.
 func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 	var b struct {
 		Timeout *int `json:"timeout"`
@@ -237,18 +263,28 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
+	var timeout time.Duration
 	if b.Timeout != nil {
-		if err := s.m.SetTimeout(r.Context(), id, time.Duration(*b.Timeout)*time.Second); err != nil {
-			s.fail(w, r, err)
-			return
-		}
+		timeout = time.Duration(*b.Timeout) * time.Second
+	}
+	resumed, err := s.m.Resume(r.Context(), id, timeout)
+	if err == nil && !resumed && timeout != 0 {
+		err = s.m.ExtendTimeout(r.Context(), id, timeout)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	sb, err := s.m.Get(r.Context(), id)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+	status := http.StatusOK
+	if resumed {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, s.sandboxJSON(sb))
 }
 
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
@@ -334,9 +370,16 @@ func parseListFilter(q url.Values) (*listFilter, error) {
 		if err != nil {
 			return nil, errdefs.New(errdefs.ErrInvalidArgument, "metadata filter must be URL-encoded k=v pairs")
 		}
+		// The E2B SDKs percent-encode each key and value before encoding
+		// the pairs, so each is unescaped once more (as upstream does).
 		f.metadata = map[string]string{}
 		for k := range mq {
-			f.metadata[k] = mq.Get(k)
+			key, err1 := url.QueryUnescape(k)
+			val, err2 := url.QueryUnescape(mq.Get(k))
+			if err1 != nil || err2 != nil {
+				return nil, errdefs.New(errdefs.ErrInvalidArgument, "metadata filter: keys and values must be percent-encoded")
+			}
+			f.metadata[key] = val
 		}
 	}
 	if v := q.Get("state"); v != "" {

@@ -47,6 +47,15 @@ func proxyError(w http.ResponseWriter, reqID, sandboxID string, status int, msg 
 	writeJSON(w, status, map[string]any{"sandboxId": sandboxID, "message": msg, "code": status, "requestId": reqID})
 }
 
+// tooLarge refuses an upload past the limit. The rest of the body is never
+// read, so the connection cannot carry another request: say so, or a
+// client reusing it sees EOF on its next request.
+func (s *Server) tooLarge(w http.ResponseWriter, reqID, sandboxID string) {
+	w.Header().Set("Connection", "close")
+	proxyError(w, reqID, sandboxID, http.StatusRequestEntityTooLarge,
+		fmt.Sprintf("upload larger than the limit of %d bytes", s.cfg.MaxUploadBytes))
+}
+
 // errUploadTooLarge marks an upload cut off at the configured limit.
 var errUploadTooLarge = errors.New("upload too large")
 
@@ -82,8 +91,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 	}
 	if t.port == manager.EnvdPort && r.Method == http.MethodPost && r.URL.Path == "/files" {
 		if r.ContentLength > s.cfg.MaxUploadBytes {
-			proxyError(w, reqID, t.sandboxID, http.StatusRequestEntityTooLarge,
-				fmt.Sprintf("upload larger than the limit of %d bytes", s.cfg.MaxUploadBytes))
+			s.tooLarge(w, reqID, t.sandboxID)
 			return
 		}
 		r.Body = &limitedBody{ReadCloser: r.Body, n: s.cfg.MaxUploadBytes}
@@ -108,8 +116,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			switch {
 			case errors.Is(err, errUploadTooLarge):
-				proxyError(w, reqID, t.sandboxID, http.StatusRequestEntityTooLarge,
-					fmt.Sprintf("upload larger than the limit of %d bytes", s.cfg.MaxUploadBytes))
+				s.tooLarge(w, reqID, t.sandboxID)
 			case r.Context().Err() != nil:
 				// The client went away; nobody to answer.
 			case strings.Contains(err.Error(), "connection refused"):
@@ -120,6 +127,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 			}
 		},
 	}
+	// Streams read the request body while writing the response (stdin,
+	// Connect client streams); without full duplex the server closes the
+	// body once the response starts, and the transport then drops the
+	// upstream connection mid-response.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	rp.ServeHTTP(w, r)
 }
 

@@ -5,12 +5,14 @@
 package api
 
 import (
+	"bufio"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"net"
 	"net/http"
 	"time"
 
@@ -58,6 +60,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tw := &timedWriter{ResponseWriter: w, rec: rec, start: start}
 	tw.Header().Set("X-Request-Id", id)
 	r = r.WithContext(ctx)
+	r.Header.Set("X-Request-Id", id) // for handlers that log; never forwarded as trust
 	if t, ok := dataPlaneTarget(r); ok {
 		s.proxy(tw, r, t, id)
 	} else if s.authorized(tw, r, id) {
@@ -116,9 +119,16 @@ func (w *timedWriter) Flush() {
 	}
 }
 
-// Unwrap lets http.ResponseController reach the connection (hijack for
-// WebSockets, deadlines).
+// Unwrap lets http.ResponseController reach the connection (deadlines,
+// full duplex).
 func (w *timedWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Hijack hands the connection over (WebSocket upgrades through the proxy);
+// the hijacker writes the status line itself.
+func (w *timedWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.wrote, w.status = true, http.StatusSwitchingProtocols
+	return http.NewResponseController(w.ResponseWriter).Hijack()
+}
 
 // authorized checks X-API-KEY on control-plane requests.
 func (s *Server) authorized(w http.ResponseWriter, r *http.Request, reqID string) bool {
@@ -169,7 +179,7 @@ func statusOf(err error) int {
 	case errors.Is(err, errdefs.ErrAlreadyExists), errors.Is(err, errdefs.ErrFailedPrecondition):
 		return http.StatusConflict
 	case errors.Is(err, errdefs.ErrResourceExhausted):
-		return http.StatusTooManyRequests
+		return http.StatusInsufficientStorage
 	case errors.Is(err, errdefs.ErrUnavailable):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, errdefs.ErrUnauthenticated):
@@ -178,16 +188,26 @@ func statusOf(err error) int {
 	return http.StatusInternalServerError
 }
 
-// fail answers with err's class and caller-facing message; internal detail
+// errorOf returns err's status and caller-facing message; internal detail
 // goes only to the log, under the request id.
-func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+func (s *Server) errorOf(r *http.Request, err error) (int, string) {
 	status := statusOf(err)
 	msg := errdefs.UserMessage(err)
+	reqID := r.Header.Get("X-Request-Id")
 	if msg == "" {
-		msg = "internal error (request " + requestID(w) + ")"
+		msg = "internal error (request " + reqID + ")"
 	}
 	if status >= 500 {
-		s.log.Error("request failed", "request.id", requestID(w), "path", r.URL.Path, "err", err)
+		s.log.Error("request failed", "request.id", reqID, "path", r.URL.Path, "err", err)
+	}
+	return status, msg
+}
+
+// fail answers with err's class and caller-facing message.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, msg := s.errorOf(r, err)
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
 	}
 	writeError(w, requestID(w), status, msg)
 }

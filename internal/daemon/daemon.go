@@ -42,6 +42,16 @@ type Config struct {
 	MaxLimits      sandbox.Limits
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
+	// Fork-first core: pool sizes, start admission, snapshot disk cap, the
+	// largest fork, and how long a paused sandbox stays in memory.
+	PoolReady        int
+	PoolShells       int
+	StartConcurrency int
+	StartQueue       int
+	StartWait        time.Duration
+	SnapshotCapBytes int64
+	MaxFork          int
+	SpillAfter       time.Duration
 }
 
 // Validate rejects configurations that cannot work.
@@ -64,6 +74,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DefaultTimeout <= 0 || c.DefaultTimeout > c.MaxTimeout {
 		errs = append(errs, errors.New("--default-timeout must be positive and at most --max-timeout"))
+	}
+	if c.PoolReady < 0 || c.PoolShells < 0 || c.StartConcurrency < 1 || c.StartQueue < 1 || c.MaxFork < 1 {
+		errs = append(errs, errors.New("pool sizes must be >= 0; --start-concurrency, --start-queue and --max-fork >= 1"))
 	}
 	return errors.Join(errs...)
 }
@@ -114,10 +127,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	m := manager.New(manager.Config{
 		DataDir: cfg.DataDir, DefaultLimits: cfg.DefaultLimits, MaxLimits: cfg.MaxLimits,
 		DefaultTimeout: cfg.DefaultTimeout, MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
+		PoolReady: cfg.PoolReady, PoolShells: cfg.PoolShells, StartConcurrency: cfg.StartConcurrency,
+		StartQueue: cfg.StartQueue, StartWait: cfg.StartWait, SnapshotCapBytes: cfg.SnapshotCapBytes,
+		MaxFork: cfg.MaxFork, SpillAfter: cfg.SpillAfter,
 	}, rt, st, tpl, log)
 	if err := m.Reconcile(ctx); err != nil {
 		log.Warn("reconcile incomplete", "err", err)
 	}
+	m.Start(ctx)
 	defer m.Close()
 	h := api.New(api.Config{APIKeys: cfg.APIKeys, Domain: cfg.Domain, MaxUploadBytes: cfg.MaxUploadBytes}, m, log)
 	return serve(ctx, cfg.Addr, h, log, out)

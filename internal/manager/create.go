@@ -2,6 +2,7 @@ package manager
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,7 +13,6 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
-	"github.com/cellfork/cellfork/internal/netns"
 	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/template"
 	"github.com/cellfork/cellfork/internal/timing"
@@ -27,6 +27,7 @@ type CreateRequest struct {
 	Envs       map[string]string
 	CPUCount   int
 	MemoryMB   int
+	OnTimeout  string // "kill" (default) or "pause"
 }
 
 // Limits on caller-supplied maps, so a request cannot bloat the store.
@@ -81,82 +82,131 @@ func (m *Manager) normalize(req *CreateRequest) error {
 	if req.MemoryMB < 128 || req.MemoryMB > m.cfg.MaxLimits.MemoryMB {
 		return errdefs.New(errdefs.ErrInvalidArgument, "memoryMB must be between 128 and %d", m.cfg.MaxLimits.MemoryMB)
 	}
+	if req.OnTimeout == "" {
+		req.OnTimeout = "kill"
+	}
 	return nil
 }
 
-// Create boots a new sandbox from a template and returns its record once
-// its agent answers. On failure nothing of it is left behind.
+// source is what a new sandbox starts from: a built-in template (its warm
+// image, or a boot if it has none) or a snapshot.
+type source struct {
+	template string // built-in template name; "" for a snapshot
+	snapshot *sandbox.Snapshot
+	rootfs   string
+	image    string // checkpoint to restore; "" = boot
+}
+
+// resolve maps a template id to a source: built-in names and aliases
+// first, then snapshot ids and names.
+func (m *Manager) resolve(ctx context.Context, id string) (source, error) {
+	if name, err := template.Resolve(id); err == nil {
+		rootfs, err := m.tpl.Rootfs(ctx, name, discard)
+		if err != nil {
+			return source{}, err
+		}
+		src := source{template: name, rootfs: rootfs}
+		if w, ok := m.pool.warmImage(name); ok && w.rootfs == rootfs {
+			src.image = w.image
+		}
+		return src, nil
+	}
+	sn, err := m.findSnapshot(ctx, id)
+	if err != nil {
+		return source{}, errdefs.New(errdefs.ErrNotFound, "template or snapshot %q not found (built-in templates: base, code-interpreter-v1)", id)
+	}
+	return source{snapshot: sn, rootfs: sn.Rootfs, image: sn.Image}, nil
+}
+
+// Create starts a new sandbox from a template or snapshot and returns its
+// record once its agent answers. It takes a ready sandbox from the pool
+// when it can, else restores the image, else boots; rec.BootMode says
+// which. On failure nothing of it is left behind.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sandbox, err error) {
+	t0 := time.Now()
+	src, err := m.resolve(ctx, req.TemplateID)
+	if err != nil {
+		return nil, err
+	}
+	if sn := src.snapshot; sn != nil {
+		req.CPUCount, req.MemoryMB = cmp.Or(req.CPUCount, sn.CPUCount), cmp.Or(req.MemoryMB, sn.MemoryMB)
+		envs := maps.Clone(sn.Envs)
+		if envs == nil {
+			envs = map[string]string{}
+		}
+		maps.Copy(envs, req.Envs)
+		req.Envs = envs
+	}
 	if err := m.normalize(&req); err != nil {
 		return nil, err
 	}
-	name, err := template.Resolve(req.TemplateID)
-	if err != nil {
-		return nil, err
-	}
-	t0 := time.Now()
-	rootfs, err := m.tpl.Rootfs(ctx, name, discard)
-	if err != nil {
-		return nil, err
-	}
-	timing.Since(ctx, "template", t0)
-
+	timing.Since(ctx, "resolve", t0)
 	now := time.Now().UTC()
 	rec := &sandbox.Sandbox{
-		ID: newID(), TemplateID: req.TemplateID, RuntimeID: randomHex(12),
+		ID: newID(), TemplateID: req.TemplateID,
 		State: sandbox.StateRunning, StartedAt: now, EndAt: now.Add(req.Timeout),
 		Metadata: orEmpty(req.Metadata), Envs: orEmpty(req.Envs),
 		CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, DiskSizeMB: req.MemoryMB,
-		AccessToken: randomHex(16), OnTimeout: "kill",
+		AccessToken: randomHex(16), OnTimeout: req.OnTimeout, Rootfs: src.rootfs,
 	}
-	// The record goes first, so that a crash at any later step leaves
-	// something the next start can account for and clean up.
-	if err := m.st.Put(ctx, rec); err != nil {
-		return nil, err
+	if src.snapshot != nil {
+		rec.BaseSnapshot = src.snapshot.ID
 	}
-	var n *netns.Network
-	started := false
-	defer func() {
-		if err != nil {
-			cctx := context.WithoutCancel(ctx)
-			if !started {
-				_ = m.rt.Destroy(cctx, rec.RuntimeID)
-			}
-			_ = m.teardown(cctx, rec, n, nil)
-		}
-	}()
-
-	t1 := time.Now()
-	n, err = netns.Create(netPrefix + rec.ID)
+	limits := sandbox.Limits{CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, PidsMax: m.cfg.DefaultLimits.PidsMax}
+	b, mode, err := m.startBox(ctx, src, limits)
 	if err != nil {
 		return nil, err
 	}
-	timing.Since(ctx, "netns", t1)
-	spec := sandbox.Spec{
-		RuntimeID: rec.RuntimeID,
-		BundleDir: m.bundleDir(rec.ID),
-		Rootfs:    rootfs,
-		Args:      []string{template.AgentDir + "/cellfork-agent"},
-		Env:       agentEnv(m.cfg.MaxUploadBytes),
-		NetnsPath: n.SandboxPath(),
-		Limits:    sandbox.Limits{CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, PidsMax: m.cfg.DefaultLimits.PidsMax},
+	rec.RuntimeID, rec.BootMode = b.rid, mode
+	if err := m.adoptNew(ctx, rec, b, req.Envs); err != nil {
+		return nil, err
 	}
-	if err := m.rt.Start(ctx, spec); err != nil {
-		return nil, fmt.Errorf("starting sandbox %s: %w", rec.ID, err)
-	}
-	started = true
-	l := &Live{rec: rec, net: n, transport: newTransport(n)}
-	if err := m.initAgent(ctx, l); err != nil {
-		return nil, fmt.Errorf("starting agent of sandbox %s: %w", rec.ID, err)
-	}
-	l.mu.Lock()
-	m.armTimer(l, rec.ID)
-	l.mu.Unlock()
-	m.mu.Lock()
-	m.live[rec.ID] = l
-	m.mu.Unlock()
-	m.log.Info("sandbox created", "sandbox.id", rec.ID, "template", req.TemplateID, "ms", time.Since(t0).Milliseconds())
+	m.log.Info("sandbox created", "sandbox.id", rec.ID, "template", req.TemplateID, "mode", mode, "ms", time.Since(t0).Milliseconds())
 	return cloneRecord(rec), nil
+}
+
+// startBox gets a running box for src: from the pool, by restore, or by boot.
+func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limits) (*box, string, error) {
+	if src.template != "" && src.image != "" && limits == m.cfg.DefaultLimits {
+		if b := m.pool.takeReady(src.template); b != nil {
+			return b, "pool", nil
+		}
+	}
+	t0 := time.Now()
+	release, err := m.adm.acquire(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	defer release()
+	timing.Since(ctx, "queue", t0)
+	if src.image != "" {
+		m.images.acquire(src.image)
+		defer m.images.release(src.image)
+		b, err := m.restoreBox(ctx, src.image, src.rootfs, limits)
+		return b, "restore", err
+	}
+	b, err := m.bootBox(ctx, src.rootfs, limits)
+	return b, "boot", err
+}
+
+// adoptNew hands a running box its sandbox: the record is stored, the agent
+// initialized (env vars, default user), the timer armed. On failure the box
+// is destroyed and nothing is left.
+func (m *Manager) adoptNew(ctx context.Context, rec *sandbox.Sandbox, b *box, envs map[string]string) error {
+	t0 := time.Now()
+	err := m.st.Put(ctx, rec)
+	if err == nil {
+		err = postInit(ctx, b.transport, envs)
+	}
+	if err != nil {
+		cctx := context.WithoutCancel(ctx)
+		m.destroyBox(cctx, b)
+		_ = m.st.Delete(cctx, rec.ID)
+		return fmt.Errorf("initializing sandbox %s: %w", rec.ID, err)
+	}
+	timing.Since(ctx, "init", t0)
+	m.register(&Live{rec: rec, box: b})
+	return nil
 }
 
 func orEmpty(m map[string]string) map[string]string {
@@ -166,43 +216,9 @@ func orEmpty(m map[string]string) map[string]string {
 	return maps.Clone(m)
 }
 
-func agentEnv(maxUpload int64) []string {
-	return []string{
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"HOME=/root",
-		"LANG=C.UTF-8",
-		fmt.Sprintf("CELLFORK_MAX_UPLOAD_BYTES=%d", maxUpload),
-	}
-}
-
-// initAgent waits until the agent accepts connections, then hands it the
-// sandbox's settings (POST /init, as E2B's orchestrator does with envd).
-func (m *Manager) initAgent(ctx context.Context, l *Live) error {
-	t0 := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	for delay := time.Millisecond; ; delay = min(2*delay, 20*time.Millisecond) {
-		// A short per-attempt deadline: until gVisor owns the interface a
-		// SYN can be dropped, and the kernel's retransmit takes a second.
-		dctx, dcancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		c, err := l.net.Dial(dctx, EnvdPort)
-		dcancel()
-		if err == nil {
-			c.Close()
-			break
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("agent did not start: %w", err)
-		}
-		time.Sleep(delay)
-	}
-	timing.Since(ctx, "agent", t0)
-	t1 := time.Now()
-	defer timing.Since(ctx, "init", t1)
-	return m.postInit(ctx, l.transport, l.rec.Envs)
-}
-
-func (m *Manager) postInit(ctx context.Context, tr http.RoundTripper, envs map[string]string) error {
+// postInit hands the agent the sandbox's settings (POST /init, as E2B's
+// orchestrator does with envd).
+func postInit(ctx context.Context, tr http.RoundTripper, envs map[string]string) error {
 	body, _ := json.Marshal(map[string]any{"envVars": envs, "defaultUser": "user"})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://sandbox:%d/init", EnvdPort), bytes.NewReader(body))
 	if err != nil {

@@ -4,6 +4,7 @@
 package manager
 
 import (
+	"crypto/sha256"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -12,17 +13,13 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
-	"github.com/cellfork/cellfork/internal/netns"
 	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/template"
 )
@@ -33,8 +30,6 @@ const (
 	CodeInterpreterPort = 49999
 )
 
-// netPrefix names the network namespaces of sandboxes ("cf-<id>-r/-s").
-const netPrefix = "cf-"
 
 // Config is the manager's part of the daemon configuration.
 type Config struct {
@@ -44,6 +39,22 @@ type Config struct {
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
 	MaxUploadBytes int64
+	// Pool sizes per template: sandboxes kept restored and ready, and
+	// prepared shells to restore snapshots into.
+	PoolReady  int
+	PoolShells int
+	// StartConcurrency bounds concurrent sandbox starts; StartQueue and
+	// StartWait bound how many wait and for how long before a 503.
+	StartConcurrency int
+	StartQueue       int
+	StartWait        time.Duration
+	// SnapshotCapBytes refuses new snapshots once their images use this
+	// much disk (0 = no cap). MaxFork bounds fork's count.
+	SnapshotCapBytes int64
+	MaxFork          int
+	// SpillAfter is how long a paused sandbox stays frozen in memory before
+	// its state is written to disk and its memory freed.
+	SpillAfter time.Duration
 }
 
 // Manager owns the live sandboxes. Safe for concurrent use.
@@ -54,26 +65,49 @@ type Manager struct {
 	tpl *template.Registry
 	log *slog.Logger
 
+	adm    *admission
+	pool   *pool
+	images imageRefs
+
+	// netPrefix starts the names of this daemon's network namespaces
+	// ("cf<hash of the data dir>-<runtime id>-r/-s"), so that daemons on
+	// other data directories keep theirs.
+	netPrefix string
+
 	mu   sync.Mutex
 	live map[string]*Live // guarded by mu
+	snap sync.Mutex       // serializes snapshot bookkeeping (cap, tree)
 }
 
-// Live is a sandbox this daemon runs. Its lifecycle operations are
+// Live is a sandbox this daemon knows. Its lifecycle operations are
 // serialized by mu.
 type Live struct {
-	mu        sync.Mutex
-	rec       *sandbox.Sandbox // guarded by mu
-	timer     *time.Timer      // guarded by mu
-	dead      bool             // guarded by mu: killed, must not be used
-	lastCPU   time.Duration    // guarded by mu
-	lastAt    time.Time        // guarded by mu
-	net       *netns.Network
-	transport *http.Transport
+	mu      sync.Mutex
+	rec     *sandbox.Sandbox // guarded by mu
+	box     *box             // guarded by mu; nil while paused to disk
+	timer   *time.Timer      // guarded by mu
+	dead    bool             // guarded by mu: killed, must not be used
+	lastCPU time.Duration    // guarded by mu
+	lastAt  time.Time        // guarded by mu
 }
 
-// New returns a Manager. Call Reconcile before serving.
+// New returns a Manager. Call Reconcile, then Start, before serving.
 func New(cfg Config, rt sandbox.Runtime, st sandbox.Store, tpl *template.Registry, log *slog.Logger) *Manager {
-	return &Manager{cfg: cfg, rt: rt, st: st, tpl: tpl, log: log, live: map[string]*Live{}}
+	sum := sha256.Sum256([]byte(cfg.DataDir))
+	m := &Manager{cfg: cfg, rt: rt, st: st, tpl: tpl, log: log, live: map[string]*Live{},
+		netPrefix: "cf" + hex.EncodeToString(sum[:3]) + "-"}
+	m.adm = newAdmission(max(cfg.StartConcurrency, 1), max(cfg.StartQueue, 1), cfg.StartWait)
+	m.pool = newPool(m, cfg.PoolReady, cfg.PoolShells)
+	return m
+}
+
+// Start warms the built-in template and starts the pool's refill loop.
+func (m *Manager) Start(ctx context.Context) {
+	go m.pool.run()
+	if err := m.Warm(ctx, "base"); err != nil {
+		// Creates still work: they boot instead of restoring.
+		m.log.Error("no warm image; creates will boot", "template", "base", "err", err)
+	}
 }
 
 // newID returns a 20-character lowercase alphanumeric id, like E2B's.
@@ -92,31 +126,6 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-func (m *Manager) bundleDir(id string) string {
-	return filepath.Join(m.cfg.DataDir, "sandboxes", id)
-}
-
-// newTransport returns an HTTP transport whose every connection goes to a
-// port inside the sandbox ("sandbox:<port>" in the request URL).
-func newTransport(n *netns.Network) *http.Transport {
-	return &http.Transport{
-		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
-			_, p, err := net.SplitHostPort(addr)
-			if err != nil {
-				return nil, err
-			}
-			port, err := strconv.Atoi(p)
-			if err != nil {
-				return nil, err
-			}
-			return n.Dial(ctx, port)
-		},
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-	}
 }
 
 // lookup returns the live sandbox or a NotFound error.
@@ -179,7 +188,8 @@ func cloneRecord(r *sandbox.Sandbox) *sandbox.Sandbox {
 }
 
 // Endpoint returns the transport to reach ports inside a running sandbox,
-// with a copy of its record (for the proxy's access checks).
+// with a copy of its record (for the proxy's access checks). A paused
+// sandbox is ErrFailedPrecondition.
 func (m *Manager) Endpoint(id string) (http.RoundTripper, *sandbox.Sandbox, error) {
 	l, err := m.lookup(id)
 	if err != nil {
@@ -190,48 +200,59 @@ func (m *Manager) Endpoint(id string) (http.RoundTripper, *sandbox.Sandbox, erro
 	if l.dead {
 		return nil, nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}
-	return l.transport, cloneRecord(l.rec), nil
+	if l.rec.State != sandbox.StateRunning {
+		return nil, cloneRecord(l.rec), errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: connect to resume it", id)
+	}
+	return l.box.transport, cloneRecord(l.rec), nil
+}
+
+// live returns the Live of id locked, or an error if it is gone. The caller
+// unlocks l.mu.
+func (m *Manager) locked(id string) (*Live, error) {
+	l, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	if l.dead {
+		l.mu.Unlock()
+		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	}
+	return l, nil
 }
 
 // Kill destroys a sandbox and everything it holds.
 func (m *Manager) Kill(ctx context.Context, id string) error {
-	l, err := m.lookup(id)
+	l, err := m.locked(id)
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.dead {
-		return errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
-	}
+	m.forget(l)
+	return m.teardown(context.WithoutCancel(ctx), l.rec, l.box)
+}
+
+// forget marks l dead and drops it from the live set. Caller holds l.mu.
+func (m *Manager) forget(l *Live) {
 	l.dead = true
 	if l.timer != nil {
 		l.timer.Stop()
 	}
 	m.mu.Lock()
-	delete(m.live, id)
+	delete(m.live, l.rec.ID)
 	m.mu.Unlock()
-	return m.teardown(context.WithoutCancel(ctx), l.rec, l.net, l.transport)
 }
 
-// teardown frees a sandbox's runtime, network, files and record. It keeps
-// going past errors so that as much as possible is freed.
-func (m *Manager) teardown(ctx context.Context, rec *sandbox.Sandbox, n *netns.Network, tr *http.Transport) error {
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
+// teardown frees a sandbox's box, paused image and record. It keeps going
+// past errors so that as much as possible is freed.
+func (m *Manager) teardown(ctx context.Context, rec *sandbox.Sandbox, b *box) error {
 	var errs []error
-	if tr != nil {
-		tr.CloseIdleConnections()
+	if b != nil {
+		errs = append(errs, m.destroyBox(ctx, b))
 	}
-	if err := m.rt.Destroy(ctx, rec.RuntimeID); err != nil {
-		errs = append(errs, err)
+	if rec.PausedImage != "" {
+		errs = append(errs, os.RemoveAll(rec.PausedImage))
 	}
-	if n != nil {
-		errs = append(errs, n.Destroy())
-	} else {
-		errs = append(errs, netns.Remove(netPrefix+rec.ID))
-	}
-	errs = append(errs, os.RemoveAll(m.bundleDir(rec.ID)))
 	errs = append(errs, m.st.Delete(ctx, rec.ID))
 	if err := errors.Join(errs...); err != nil {
 		m.log.Error("tearing down sandbox", "sandbox.id", rec.ID, "err", err)
@@ -246,22 +267,43 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 	if err := m.checkTimeout(d); err != nil {
 		return err
 	}
-	l, err := m.lookup(id)
+	l, err := m.locked(id)
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.dead {
-		return errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	return m.setEnd(ctx, l, time.Now().UTC().Add(d))
+}
+
+// ExtendTimeout makes the sandbox expire no earlier than d from now (connect
+// and refresh never shorten a sandbox's life).
+func (m *Manager) ExtendTimeout(ctx context.Context, id string, d time.Duration) error {
+	if err := m.checkTimeout(d); err != nil {
+		return err
 	}
+	l, err := m.locked(id)
+	if err != nil {
+		return err
+	}
+	defer l.mu.Unlock()
+	end := time.Now().UTC().Add(d)
+	if end.Before(l.rec.EndAt) {
+		return nil
+	}
+	return m.setEnd(ctx, l, end)
+}
+
+// setEnd stores a new expiry and re-arms the timer. Caller holds l.mu.
+func (m *Manager) setEnd(ctx context.Context, l *Live, end time.Time) error {
 	old := l.rec.EndAt
-	l.rec.EndAt = time.Now().UTC().Add(d)
+	l.rec.EndAt = end
 	if err := m.st.Put(ctx, l.rec); err != nil {
 		l.rec.EndAt = old
 		return err
 	}
-	m.armTimer(l, id)
+	if l.rec.State == sandbox.StateRunning {
+		m.armTimer(l, l.rec.ID)
+	}
 	return nil
 }
 
@@ -282,20 +324,28 @@ func (m *Manager) armTimer(l *Live, id string) {
 
 func (m *Manager) expire(l *Live, id string) {
 	l.mu.Lock()
-	due := !l.dead && !time.Now().Before(l.rec.EndAt)
+	due := !l.dead && l.rec.State == sandbox.StateRunning && !time.Now().Before(l.rec.EndAt)
+	pause := l.rec.OnTimeout == "pause"
 	l.mu.Unlock()
-	if !due { // extended meanwhile, or already gone
+	if !due { // extended or paused meanwhile, or already gone
 		return
 	}
-	m.log.Info("sandbox timed out", "sandbox.id", id)
-	if err := m.Kill(context.Background(), id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		m.log.Error("killing timed-out sandbox", "sandbox.id", id, "err", err)
+	m.log.Info("sandbox timed out", "sandbox.id", id, "action", map[bool]string{true: "pause", false: "kill"}[pause])
+	var err error
+	if pause {
+		err = m.Pause(context.Background(), id)
+	} else {
+		err = m.Kill(context.Background(), id)
+	}
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		m.log.Error("handling timed-out sandbox", "sandbox.id", id, "err", err)
 	}
 }
 
-// Close stops the timers. Sandboxes keep running; the next daemon adopts
-// them.
+// Close stops the timers and the pool (destroying pooled boxes). Sandboxes
+// keep running; the next daemon adopts them.
 func (m *Manager) Close() {
+	m.pool.close()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, l := range m.live {
@@ -303,7 +353,9 @@ func (m *Manager) Close() {
 		if l.timer != nil {
 			l.timer.Stop()
 		}
-		l.transport.CloseIdleConnections()
+		if l.box != nil {
+			l.box.transport.CloseIdleConnections()
+		}
 		l.mu.Unlock()
 	}
 }

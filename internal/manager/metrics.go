@@ -26,6 +26,10 @@ func (m *Manager) Metrics(ctx context.Context, id string) (Metric, error) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.box == nil { // paused on disk: uses no CPU or memory
+		return Metric{At: time.Now().UTC(), CPUCount: l.rec.CPUCount, MemTotal: uint64(l.rec.MemoryMB) << 20,
+			DiskTotal: uint64(l.rec.DiskSizeMB) << 20}, nil
+	}
 	st, err := m.rt.Stats(ctx, l.rec.RuntimeID)
 	if err != nil {
 		return Metric{}, err

@@ -14,85 +14,133 @@ import (
 )
 
 // Reconcile makes the daemon's view match reality after a start: it adopts
-// sandboxes that are recorded and still running, and removes whatever it
-// cannot account for (records without a sandbox, runsc containers, network
-// namespaces and bundle directories without a record).
+// sandboxes that are recorded and still there (running, frozen, or paused
+// on disk), and removes whatever it cannot account for: records without a
+// sandbox, runsc containers, network namespaces, bundles, half-written
+// images and images without a record.
 func (m *Manager) Reconcile(ctx context.Context) error {
 	recs, err := m.st.List(ctx)
 	if err != nil {
 		return err
 	}
-	known := map[string]bool{}    // sandbox ids kept
-	knownRID := map[string]bool{} // runtime ids kept
+	keep := map[string]bool{} // runtime ids and image paths in use
 	for _, rec := range recs {
 		if m.adopt(ctx, rec) {
-			known[rec.ID] = true
-			knownRID[rec.RuntimeID] = true
+			keep[rec.RuntimeID], keep[rec.PausedImage] = true, true
 			continue
 		}
 		m.log.Warn("removing sandbox that did not survive", "sandbox.id", rec.ID)
-		_ = m.teardown(ctx, rec, nil, nil)
+		_ = m.st.Delete(ctx, rec.ID)
+		if rec.PausedImage != "" {
+			_ = os.RemoveAll(rec.PausedImage)
+		}
 	}
 	var errs []error
 	rids, err := m.rt.List(ctx)
-	if err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, err)
 	for _, rid := range rids {
-		if !knownRID[rid] {
+		if !keep[rid] {
 			m.log.Warn("removing unknown runsc container", "runtime.id", rid)
 			errs = append(errs, m.rt.Destroy(ctx, rid))
 		}
 	}
-	names, err := netns.List(netPrefix)
+	names, err := netns.List(m.netPrefix)
 	errs = append(errs, err)
 	for _, name := range names {
-		if !known[strings.TrimPrefix(name, netPrefix)] {
-			m.log.Warn("removing unknown network namespace", "netns", name)
+		if !keep[strings.TrimPrefix(name, m.netPrefix)] {
 			errs = append(errs, netns.Remove(name))
 		}
 	}
-	entries, _ := os.ReadDir(filepath.Join(m.cfg.DataDir, "sandboxes"))
-	for _, e := range entries {
-		if !known[e.Name()] {
-			errs = append(errs, os.RemoveAll(filepath.Join(m.cfg.DataDir, "sandboxes", e.Name())))
-		}
-	}
+	removeUnknown(filepath.Join(m.cfg.DataDir, "runtimes"), func(p string) bool { return keep[filepath.Base(p)] })
+	removeUnknown(filepath.Join(m.cfg.DataDir, "paused"), func(p string) bool { return keep[p] })
+	removeUnknown(filepath.Join(m.cfg.DataDir, "forks"), func(string) bool { return false })
+	errs = append(errs, m.reconcileSnapshots(ctx))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("reconciling: %w", err)
 	}
 	return nil
 }
 
-// adopt takes over a recorded sandbox that is still running.
+// removeUnknown deletes the entries of dir that keep does not claim.
+func removeUnknown(dir string, keep func(path string) bool) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if p := filepath.Join(dir, e.Name()); !keep(p) {
+			_ = os.RemoveAll(p)
+		}
+	}
+}
+
+// reconcileSnapshots drops records whose image is gone and images (or
+// half-written ones) without a record.
+func (m *Manager) reconcileSnapshots(ctx context.Context) error {
+	all, err := m.st.ListSnapshots(ctx)
+	if err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	for _, sn := range all {
+		if _, err := os.Stat(filepath.Join(sn.Image, "checkpoint.img")); err != nil {
+			m.log.Warn("removing snapshot whose image is gone", "snapshot.id", sn.ID)
+			_ = m.st.DeleteSnapshot(ctx, sn.ID)
+			continue
+		}
+		keep[sn.Image] = true
+	}
+	removeUnknown(filepath.Join(m.cfg.DataDir, "snapshots"), func(p string) bool { return keep[p] })
+	return nil
+}
+
+// adopt takes over a recorded sandbox that is still there.
 func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox) bool {
-	if rec.State != sandbox.StateRunning {
+	if rec.State == sandbox.StatePaused && rec.PausedImage != "" {
+		if _, err := os.Stat(filepath.Join(rec.PausedImage, "checkpoint.img")); err != nil {
+			return false
+		}
+		m.register(&Live{rec: rec})
+		m.log.Info("adopted sandbox paused on disk", "sandbox.id", rec.ID)
+		return true
+	}
+	state, err := m.rt.State(ctx, rec.RuntimeID)
+	want := map[sandbox.State]string{sandbox.StateRunning: "running", sandbox.StatePaused: "paused"}[rec.State]
+	if err != nil || state != want {
 		return false
 	}
-	running, err := m.rt.Running(ctx, rec.RuntimeID)
-	if err != nil || !running {
-		return false
-	}
-	n, err := netns.Open(netPrefix + rec.ID)
+	n, err := netns.Open(m.netName(rec.RuntimeID))
 	if err != nil {
 		return false
 	}
-	l := &Live{rec: rec, net: n, transport: newTransport(n)}
-	// The agent must still answer, or the sandbox is of no use.
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	c, err := n.Dial(cctx, EnvdPort)
-	if err != nil {
-		n.Close()
-		return false
+	limits := sandbox.Limits{CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, PidsMax: m.cfg.DefaultLimits.PidsMax}
+	b := &box{rid: rec.RuntimeID, rootfs: rec.Rootfs, limits: limits, net: n, transport: newTransport(n)}
+	l := &Live{rec: rec, box: b}
+	if rec.State == sandbox.StateRunning {
+		// The agent must still answer, or the sandbox is of no use.
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		c, err := n.Dial(cctx, EnvdPort)
+		if err != nil {
+			n.Close()
+			return false
+		}
+		c.Close()
 	}
-	c.Close()
+	m.register(l)
+	m.log.Info("adopted sandbox", "sandbox.id", rec.ID, "state", rec.State)
+	return true
+}
+
+// register adds l to the live set and arms its timer: expiry if running
+// (an expired one fires at once), the move to disk if frozen in memory.
+func (m *Manager) register(l *Live) {
 	l.mu.Lock()
-	m.armTimer(l, rec.ID) // already expired: fires at once and kills it
+	switch {
+	case l.rec.State == sandbox.StateRunning:
+		m.armTimer(l, l.rec.ID)
+	case l.box != nil:
+		m.scheduleSpill(l)
+	}
 	l.mu.Unlock()
 	m.mu.Lock()
-	m.live[rec.ID] = l
+	m.live[l.rec.ID] = l
 	m.mu.Unlock()
-	m.log.Info("adopted running sandbox", "sandbox.id", rec.ID)
-	return true
 }

@@ -31,7 +31,40 @@ type Sandbox struct {
 	MemoryMB    int
 	DiskSizeMB  int
 	AccessToken string // envd access token (X-Access-Token)
-	OnTimeout   string // "kill"
+	OnTimeout   string // "kill" or "pause"
+	// Rootfs is the template root filesystem the sandbox runs on; restores
+	// of its state need the same one.
+	Rootfs string
+	// ParentID is the sandbox this one was forked from ("" if none).
+	ParentID string
+	// BaseSnapshot is the snapshot the sandbox's state last came from or
+	// was last saved to: the parent of its next snapshot.
+	BaseSnapshot string
+	// PausedImage is where a sandbox paused to disk keeps its state ("" if
+	// it runs, or is paused in memory).
+	PausedImage string
+	// BootMode says how the sandbox was started: "pool", "restore" or
+	// "boot".
+	BootMode string
+}
+
+// Snapshot is the durable record of a saved sandbox state. Snapshots form a
+// tree through ParentID.
+type Snapshot struct {
+	ID         string
+	Names      []string
+	ParentID   string // snapshot the source sandbox's state came from
+	SandboxID  string // sandbox it was taken from
+	TemplateID string // template of that sandbox
+	Rootfs     string
+	Image      string // checkpoint image directory
+	SizeBytes  int64
+	CreatedAt  time.Time
+	// Envs and limits of the source sandbox, which a sandbox created from
+	// the snapshot inherits.
+	Envs     map[string]string
+	CPUCount int
+	MemoryMB int
 }
 
 // Limits are the resources given to one sandbox.
@@ -64,22 +97,38 @@ type Stats struct {
 type Runtime interface {
 	// Start boots a sandbox and returns once its init process runs.
 	Start(ctx context.Context, s Spec) error
+	// Prepare creates a sandbox that runs nothing yet, to Restore into.
+	Prepare(ctx context.Context, s Spec) error
+	// Restore starts a sandbox from a checkpoint image, into the Prepared
+	// sandbox s.RuntimeID if prepared, else into a new one.
+	Restore(ctx context.Context, s Spec, image string, prepared bool) error
+	// Checkpoint saves the sandbox's whole state into the empty dir. Unless
+	// leaveRunning, the sandbox stops and must then be Destroyed.
+	Checkpoint(ctx context.Context, runtimeID, dir string, leaveRunning bool) error
+	// Pause freezes the sandbox in memory; Resume thaws it.
+	Pause(ctx context.Context, runtimeID string) error
+	Resume(ctx context.Context, runtimeID string) error
 	// Destroy kills the sandbox and frees everything the runtime holds for
 	// it. Destroying a sandbox that does not exist is not an error.
 	Destroy(ctx context.Context, runtimeID string) error
-	// Running reports whether the sandbox exists and runs.
-	Running(ctx context.Context, runtimeID string) (bool, error)
+	// State returns the runtime's status ("created", "running", "paused",
+	// "stopped"), or "" if the sandbox does not exist.
+	State(ctx context.Context, runtimeID string) (string, error)
 	// List returns the runtime ids of every sandbox the runtime knows.
 	List(ctx context.Context) ([]string, error)
 	// Stats samples resource usage.
 	Stats(ctx context.Context, runtimeID string) (Stats, error)
 }
 
-// Store persists sandbox records. Implementations must be safe for
-// concurrent use; Put is atomic.
+// Store persists sandbox and snapshot records. Implementations must be
+// safe for concurrent use; every Put is atomic.
 type Store interface {
 	Put(ctx context.Context, s *Sandbox) error
 	Get(ctx context.Context, id string) (*Sandbox, error) // errdefs.ErrNotFound if absent
 	List(ctx context.Context) ([]*Sandbox, error)
 	Delete(ctx context.Context, id string) error
+	PutSnapshot(ctx context.Context, s *Snapshot) error
+	GetSnapshot(ctx context.Context, id string) (*Snapshot, error) // errdefs.ErrNotFound if absent
+	ListSnapshots(ctx context.Context) ([]*Snapshot, error)
+	DeleteSnapshot(ctx context.Context, id string) error
 }

@@ -27,6 +27,10 @@ const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
 	id   TEXT PRIMARY KEY,
 	doc  TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS snapshots (
+	id   TEXT PRIMARY KEY,
+	doc  TEXT NOT NULL
 );`
 
 // Open opens (creating if needed) the database at path.
@@ -47,67 +51,114 @@ func Open(path string) (*Store, error) {
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
-// Put inserts or replaces a record.
-func (s *Store) Put(ctx context.Context, sb *sandbox.Sandbox) error {
-	doc, err := json.Marshal(sb)
+// table is one kind of record: documents of type T keyed by id.
+type table[T any] struct {
+	db   *sql.DB
+	name string // trusted constant
+	what string // for messages
+	id   func(*T) string
+}
+
+func (t table[T]) put(ctx context.Context, v *T) error {
+	doc, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (id, doc) VALUES (?, ?)
-		ON CONFLICT(id) DO UPDATE SET doc = excluded.doc`, sb.ID, string(doc))
+	_, err = t.db.ExecContext(ctx, `INSERT INTO `+t.name+` (id, doc) VALUES (?, ?)
+		ON CONFLICT(id) DO UPDATE SET doc = excluded.doc`, t.id(v), string(doc))
 	if err != nil {
-		return fmt.Errorf("storing sandbox %s: %w", sb.ID, err)
+		return fmt.Errorf("storing %s %s: %w", t.what, t.id(v), err)
 	}
 	return nil
 }
 
-// Get returns the record with id, or an ErrNotFound error.
-func (s *Store) Get(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+func (t table[T]) get(ctx context.Context, id string) (*T, error) {
 	var doc string
-	err := s.db.QueryRowContext(ctx, `SELECT doc FROM sandboxes WHERE id = ?`, id).Scan(&doc)
+	err := t.db.QueryRowContext(ctx, `SELECT doc FROM `+t.name+` WHERE id = ?`, id).Scan(&doc)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("%s %s: %w", t.what, id, errdefs.ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("loading sandbox %s: %w", id, err)
+		return nil, fmt.Errorf("loading %s %s: %w", t.what, id, err)
 	}
-	return decode(doc)
+	return t.decode(doc)
 }
 
-// List returns every record.
-func (s *Store) List(ctx context.Context) ([]*sandbox.Sandbox, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT doc FROM sandboxes ORDER BY id`)
+func (t table[T]) list(ctx context.Context) ([]*T, error) {
+	rows, err := t.db.QueryContext(ctx, `SELECT doc FROM `+t.name+` ORDER BY id`)
 	if err != nil {
-		return nil, fmt.Errorf("listing sandboxes: %w", err)
+		return nil, fmt.Errorf("listing %ss: %w", t.what, err)
 	}
 	defer rows.Close()
-	var out []*sandbox.Sandbox
+	var out []*T
 	for rows.Next() {
 		var doc string
 		if err := rows.Scan(&doc); err != nil {
 			return nil, err
 		}
-		sb, err := decode(doc)
+		v, err := t.decode(doc)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, sb)
+		out = append(out, v)
 	}
 	return out, rows.Err()
 }
 
-// Delete removes a record; deleting a missing record is not an error.
-func (s *Store) Delete(ctx context.Context, id string) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id); err != nil {
-		return fmt.Errorf("deleting sandbox %s: %w", id, err)
+func (t table[T]) delete(ctx context.Context, id string) error {
+	if _, err := t.db.ExecContext(ctx, `DELETE FROM `+t.name+` WHERE id = ?`, id); err != nil {
+		return fmt.Errorf("deleting %s %s: %w", t.what, id, err)
 	}
 	return nil
 }
 
-func decode(doc string) (*sandbox.Sandbox, error) {
-	var sb sandbox.Sandbox
-	if err := json.Unmarshal([]byte(doc), &sb); err != nil {
-		return nil, fmt.Errorf("decoding sandbox record: %w", err)
+func (t table[T]) decode(doc string) (*T, error) {
+	var v T
+	if err := json.Unmarshal([]byte(doc), &v); err != nil {
+		return nil, fmt.Errorf("decoding %s record: %w", t.what, err)
 	}
-	return &sb, nil
+	return &v, nil
+}
+
+func (s *Store) sandboxes() table[sandbox.Sandbox] {
+	return table[sandbox.Sandbox]{s.db, "sandboxes", "sandbox", func(v *sandbox.Sandbox) string { return v.ID }}
+}
+
+func (s *Store) snapshots() table[sandbox.Snapshot] {
+	return table[sandbox.Snapshot]{s.db, "snapshots", "snapshot", func(v *sandbox.Snapshot) string { return v.ID }}
+}
+
+// Put inserts or replaces a sandbox record.
+func (s *Store) Put(ctx context.Context, sb *sandbox.Sandbox) error { return s.sandboxes().put(ctx, sb) }
+
+// Get returns the sandbox record with id, or an ErrNotFound error.
+func (s *Store) Get(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	return s.sandboxes().get(ctx, id)
+}
+
+// List returns every sandbox record.
+func (s *Store) List(ctx context.Context) ([]*sandbox.Sandbox, error) { return s.sandboxes().list(ctx) }
+
+// Delete removes a sandbox record; deleting a missing one is not an error.
+func (s *Store) Delete(ctx context.Context, id string) error { return s.sandboxes().delete(ctx, id) }
+
+// PutSnapshot inserts or replaces a snapshot record.
+func (s *Store) PutSnapshot(ctx context.Context, sn *sandbox.Snapshot) error {
+	return s.snapshots().put(ctx, sn)
+}
+
+// GetSnapshot returns the snapshot record with id, or an ErrNotFound error.
+func (s *Store) GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error) {
+	return s.snapshots().get(ctx, id)
+}
+
+// ListSnapshots returns every snapshot record.
+func (s *Store) ListSnapshots(ctx context.Context) ([]*sandbox.Snapshot, error) {
+	return s.snapshots().list(ctx)
+}
+
+// DeleteSnapshot removes a snapshot record; deleting a missing one is not
+// an error.
+func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
+	return s.snapshots().delete(ctx, id)
 }

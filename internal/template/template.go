@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -83,6 +84,34 @@ func Hash(name string) (string, error) {
 		fmt.Fprintf(h, "%s\x00%d\x00", f, len(b))
 		h.Write(b)
 	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// Preimport returns the modules the template's warm image pre-imports.
+func Preimport(name string) []string {
+	b, _ := fs.ReadFile(templates.FS, name+"/preimport")
+	var mods []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+			mods = append(mods, l)
+		}
+	}
+	return mods
+}
+
+// WarmKey identifies what a template's warm image depends on besides its
+// rootfs: the agent files and the pre-import list. Changing either makes a
+// new warm image; the rootfs is not rebuilt.
+func (r *Registry) WarmKey(name string) (string, error) {
+	h := sha256.New()
+	for _, f := range AgentFiles {
+		b, err := os.ReadFile(filepath.Join(r.agentDir, f))
+		if err != nil {
+			return "", fmt.Errorf("agent file missing (run `make build`): %w", err)
+		}
+		h.Write(b)
+	}
+	fmt.Fprintf(h, "%q", Preimport(name))
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 

@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"context"
+	"fmt"
 	"encoding/base64"
 	"net/http"
 	"os"
@@ -9,29 +11,42 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cellfork/cellfork/internal/store"
 )
 
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 
-// leftovers lists what of a sandbox still exists on the host.
-func leftovers(t *testing.T, id string) []string {
+// runtimeID reads a sandbox's current runtime id from the daemon's store.
+func runtimeID(t *testing.T, sandboxID string) string {
+	t.Helper()
+	st, err := store.Open(filepath.Join(d.dataDir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rec, err := st.Get(context.Background(), sandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec.RuntimeID
+}
+
+// leftovers lists what of a runtime instance still exists on the host.
+func leftovers(t *testing.T, rid string) []string {
 	t.Helper()
 	var left []string
-	for _, suffix := range []string{"-r", "-s"} {
-		if _, err := os.Stat("/run/netns/cf-" + id + suffix); err == nil {
-			left = append(left, "netns cf-"+id+suffix)
-		}
+	if m, _ := filepath.Glob("/run/netns/cf*-" + rid + "-*"); len(m) > 0 {
+		left = append(left, fmt.Sprint("netns ", m))
 	}
-	if _, err := os.Stat(filepath.Join(d.dataDir, "sandboxes", id)); err == nil {
+	if _, err := os.Stat(filepath.Join(d.dataDir, "runtimes", rid)); err == nil {
 		left = append(left, "bundle dir")
 	}
-	out, _ := exec.Command("/usr/local/lib/cellfork/runsc", "--root", filepath.Join(d.dataDir, "runsc"), "list", "-q").Output()
-	if ids := strings.Fields(strings.ReplaceAll(string(out), "ID", "")); len(ids) > 0 {
-		// Other tests' sandboxes may run in parallel; check ours by process.
-		ps, _ := exec.Command("pgrep", "-f", "sandboxes/"+id+"/").Output()
-		if len(strings.TrimSpace(string(ps))) > 0 {
-			left = append(left, "processes "+strings.TrimSpace(string(ps)))
-		}
+	if m, _ := filepath.Glob("/sys/fs/cgroup/*/cellfork/" + rid); len(m) > 0 {
+		left = append(left, fmt.Sprint("cgroups ", m))
+	}
+	if ps, _ := exec.Command("pgrep", "-f", "runtimes/"+rid+"/").Output(); len(strings.TrimSpace(string(ps))) > 0 {
+		left = append(left, "processes "+strings.TrimSpace(string(ps)))
 	}
 	return left
 }
@@ -87,6 +102,7 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("connect: %d %s", r.status, r.body)
 	}
 
+	rid := runtimeID(t, sb.SandboxID)
 	if r = call(t, "DELETE", "/sandboxes/"+sb.SandboxID, nil); r.status != http.StatusNoContent {
 		t.Fatalf("kill: %d %s", r.status, r.body)
 	}
@@ -96,7 +112,7 @@ func TestLifecycle(t *testing.T) {
 	if r = call(t, "DELETE", "/sandboxes/"+sb.SandboxID, nil); r.status != 404 {
 		t.Errorf("second kill: %d", r.status)
 	}
-	if left := leftovers(t, sb.SandboxID); len(left) > 0 {
+	if left := leftovers(t, rid); len(left) > 0 {
 		t.Errorf("after kill these remain: %v", left)
 	}
 }
@@ -138,10 +154,11 @@ func TestListPaging(t *testing.T) {
 
 func TestTimeoutKills(t *testing.T) {
 	sb := create(t, map[string]any{"timeout": 2})
+	rid := runtimeID(t, sb.SandboxID)
 	eventually(t, 15*time.Second, "the sandbox to expire", func() bool {
 		return call(t, "GET", "/sandboxes/"+sb.SandboxID, nil).status == 404
 	})
 	eventually(t, 5*time.Second, "its resources to be freed", func() bool {
-		return len(leftovers(t, sb.SandboxID)) == 0
+		return len(leftovers(t, rid)) == 0
 	})
 }

@@ -66,6 +66,13 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	if code != 0 {
+		logs := d.logs()
+		if len(logs) > 6000 {
+			logs = logs[len(logs)-6000:]
+		}
+		fmt.Fprintf(os.Stderr, "--- daemon log (tail)\n%s\n", logs)
+	}
 	d.stop()
 	for unix.Unmount(filepath.Join(dataDir, "runsc", "null-netns"), unix.MNT_DETACH) == nil {
 	}
@@ -103,7 +110,8 @@ func (w lockedBuffer) Write(p []byte) (int, error) {
 func startDaemon(dataDir, addr string) (*daemon, error) {
 	dm := &daemon{url: "http://" + addr, dataDir: dataDir, log: &bytes.Buffer{}, logMu: &sync.Mutex{}}
 	dm.cmd = exec.Command(filepath.Join(repoRoot, "bin", "cellfork"), "serve", "--addr", addr,
-		"--data-dir", dataDir, "--template-dir", templateDir(), "--max-upload-mb", "1", "-v")
+		"--data-dir", dataDir, "--template-dir", templateDir(), "--max-upload-mb", "1", "-v",
+		"--spill-after", "1s", "--pool-ready", "1", "--pool-shells", "2", "--max-fork", "8")
 	dm.cmd.Env = append(os.Environ(), "CELLFORK_API_KEY="+apiKey)
 	dm.cmd.Stdout = lockedBuffer{dm.logMu, dm.log}
 	dm.cmd.Stderr = dm.cmd.Stdout

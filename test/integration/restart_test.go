@@ -26,16 +26,16 @@ func TestDaemonRestart(t *testing.T) {
 	}
 
 	// Crash the daemon, leave junk behind, start a new one on the same port.
+	stray := strayNetns(t)
 	addr := strings.TrimPrefix(d.url, "http://")
 	_ = d.cmd.Process.Signal(unix.SIGKILL)
 	time.Sleep(200 * time.Millisecond)
-	stray := "cf-strayzzzzzzzzzzzzzzz"
 	for _, suffix := range []string{"-r", "-s"} {
 		if err := exec.Command("ip", "netns", "add", stray+suffix).Run(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	strayDir := filepath.Join(d.dataDir, "sandboxes", "strayzzzzzzzzzzzzzzz")
+	strayDir := filepath.Join(d.dataDir, "runtimes", "0123456789abcdef01234567")
 	_ = os.MkdirAll(strayDir, 0o700)
 
 	nd, err := startDaemon(d.dataDir, addr)
@@ -54,4 +54,17 @@ func TestDaemonRestart(t *testing.T) {
 			t.Errorf("%s was not cleaned up", p)
 		}
 	}
+}
+
+// strayNetns returns a network namespace name the daemon would own: its
+// prefix (taken from a live runtime's namespace) and an unknown runtime id.
+func strayNetns(t *testing.T) string {
+	t.Helper()
+	sb := create(t, nil)
+	m, _ := filepath.Glob("/run/netns/cf*-" + runtimeID(t, sb.SandboxID) + "-r")
+	if len(m) != 1 {
+		t.Fatalf("cannot find the daemon's netns prefix: %v", m)
+	}
+	prefix := strings.SplitN(filepath.Base(m[0]), "-", 2)[0]
+	return prefix + "-0123456789abcdef01234567"
 }

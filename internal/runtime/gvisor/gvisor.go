@@ -80,42 +80,113 @@ func (r *Runtime) runsc(ctx context.Context, timeout time.Duration, args ...stri
 	return out, nil
 }
 
-// Start writes the OCI bundle and runs the sandbox detached. The sandbox's
-// stdio goes to files in the bundle (never to a pipe: runsc hands it to the
-// long-lived sandbox).
-func (r *Runtime) Start(ctx context.Context, s sandbox.Spec) (err error) {
-	t0 := time.Now()
-	spec := ociSpec(s, filepath.Join(r.cfg.CgroupParent, s.RuntimeID))
-	b, err := json.MarshalIndent(spec, "", "  ")
+// writeBundle writes the OCI bundle and opens the sandbox's console log
+// (its stdio: files, never a pipe, since runsc hands it to the long-lived
+// sandbox).
+func (r *Runtime) writeBundle(ctx context.Context, s sandbox.Spec) (*os.File, error) {
+	defer timing.Since(ctx, "bundle", time.Now())
+	b, err := json.MarshalIndent(ociSpec(s, filepath.Join(r.cfg.CgroupParent, s.RuntimeID)), "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(s.BundleDir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(s.BundleDir, "config.json"), b, 0o600); err != nil {
+		return nil, err
+	}
+	return os.OpenFile(filepath.Join(s.BundleDir, "console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+}
+
+// detached runs a runsc command that leaves a sandbox behind (run, create,
+// restore). On failure it destroys whatever the command left (gVisor G7).
+func (r *Runtime) detached(ctx context.Context, phase string, s sandbox.Spec, out *os.File, args ...string) error {
+	defer timing.Since(ctx, phase, time.Now())
+	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	full := append(r.globalFlags(filepath.Join(s.BundleDir, "runsc.log")), args...)
+	cmd := exec.CommandContext(rctx, r.cfg.Runsc, full...)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Run(); err != nil {
+		_ = r.Destroy(context.WithoutCancel(ctx), s.RuntimeID)
+		return fmt.Errorf("runsc %s: %w%s", args[0], err, tail(filepath.Join(s.BundleDir, "runsc.log")))
+	}
+	return nil
+}
+
+// Start boots a sandbox and returns once its init process runs.
+func (r *Runtime) Start(ctx context.Context, s sandbox.Spec) error {
+	out, err := r.writeBundle(ctx, s)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(s.BundleDir, 0o700); err != nil {
+	defer out.Close()
+	return r.detached(ctx, "runsc", s, out, "run", "--detach", "--bundle="+s.BundleDir, s.RuntimeID)
+}
+
+// Prepare creates a sandbox that runs nothing yet (sentry, gofer, cgroups
+// and namespaces up), to Restore into later: that moves the fixed cost of a
+// restore off the critical path.
+func (r *Runtime) Prepare(ctx context.Context, s sandbox.Spec) error {
+	out, err := r.writeBundle(ctx, s)
+	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(s.BundleDir, "config.json"), b, 0o600); err != nil {
-		return err
+	defer out.Close()
+	return r.detached(ctx, "runsc-create", s, out, "create", "--bundle="+s.BundleDir, s.RuntimeID)
+}
+
+// Restore starts a sandbox from a checkpoint image. If s.RuntimeID was
+// Prepared, the image is restored into that sandbox; otherwise a new one is
+// created from s.
+func (r *Runtime) Restore(ctx context.Context, s sandbox.Spec, image string, prepared bool) error {
+	if !prepared {
+		out, err := r.writeBundle(ctx, s)
+		if err != nil {
+			return err
+		}
+		defer out.Close()
+		return r.detached(ctx, "restore", s, out, "restore", "--detach", "--image-path="+image, "--bundle="+s.BundleDir, s.RuntimeID)
 	}
 	out, err := os.OpenFile(filepath.Join(s.BundleDir, "console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	defer out.Close()
-	timing.Since(ctx, "bundle", t0)
+	return r.detached(ctx, "restore", s, out, "restore", "--detach", "--image-path="+image, "--bundle="+s.BundleDir, s.RuntimeID)
+}
 
-	t1 := time.Now()
-	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	args := append(r.globalFlags(filepath.Join(s.BundleDir, "runsc.log")),
-		"run", "--detach", "--bundle="+s.BundleDir, s.RuntimeID)
-	cmd := exec.CommandContext(rctx, r.cfg.Runsc, args...)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Run(); err != nil {
-		// A failed start can leave state and cgroups behind (gVisor G7).
-		_ = r.Destroy(context.WithoutCancel(ctx), s.RuntimeID)
-		return fmt.Errorf("runsc run: %w%s", err, tail(filepath.Join(s.BundleDir, "runsc.log")))
+// Checkpoint saves the sandbox's whole state (memory, processes, the
+// in-memory root overlay, sockets) into dir, which must exist and be empty.
+// With leaveRunning the sandbox goes on; otherwise it stops and must then
+// be Destroyed.
+func (r *Runtime) Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
+	defer timing.Since(ctx, "checkpoint", time.Now())
+	args := []string{"checkpoint", "--compression=none", "--image-path=" + dir}
+	if leaveRunning {
+		args = append(args, "--leave-running")
 	}
-	timing.Since(ctx, "runsc", t1)
+	if _, err := r.runsc(ctx, 5*time.Minute, append(args, id)...); err != nil {
+		return fmt.Errorf("checkpointing sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Pause freezes every process of the sandbox; its memory stays in place.
+func (r *Runtime) Pause(ctx context.Context, id string) error {
+	defer timing.Since(ctx, "pause", time.Now())
+	if _, err := r.runsc(ctx, 30*time.Second, "pause", id); err != nil {
+		return fmt.Errorf("pausing sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Resume thaws a paused sandbox.
+func (r *Runtime) Resume(ctx context.Context, id string) error {
+	defer timing.Since(ctx, "resume", time.Now())
+	if _, err := r.runsc(ctx, 30*time.Second, "resume", id); err != nil {
+		return fmt.Errorf("resuming sandbox %s: %w", id, err)
+	}
 	return nil
 }
 
@@ -152,20 +223,21 @@ type stateOut struct {
 	Status string `json:"status"`
 }
 
-// Running reports whether runsc knows the sandbox and it is running.
-func (r *Runtime) Running(ctx context.Context, id string) (bool, error) {
+// State returns runsc's status of the sandbox ("created", "running",
+// "paused", "stopped"), or "" if runsc does not know it.
+func (r *Runtime) State(ctx context.Context, id string) (string, error) {
 	out, err := r.runsc(ctx, 10*time.Second, "state", id)
 	if err != nil {
 		if notExist(err) {
-			return false, nil
+			return "", nil
 		}
-		return false, err
+		return "", err
 	}
 	var st stateOut
 	if err := json.Unmarshal(out, &st); err != nil {
-		return false, fmt.Errorf("parsing runsc state: %w", err)
+		return "", fmt.Errorf("parsing runsc state: %w", err)
 	}
-	return st.Status == "running" || st.Status == "created", nil
+	return st.Status, nil
 }
 
 // List returns the ids of every container in the runsc root.

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,9 +69,8 @@ func TestStartStatsDestroy(t *testing.T) {
 	}
 	t.Logf("start took %v: %s", time.Since(start), rec.Header(time.Since(start)))
 	defer r.Destroy(context.Background(), id)
-	running, err := r.Running(ctx, id)
-	if err != nil || !running {
-		t.Fatalf("Running = %v, %v", running, err)
+	if st, err := r.State(ctx, id); err != nil || st != "running" {
+		t.Fatalf("State = %q, %v", st, err)
 	}
 	ids, err := r.List(ctx)
 	if err != nil || len(ids) != 1 || ids[0] != id {
@@ -86,13 +86,100 @@ func TestStartStatsDestroy(t *testing.T) {
 	if err := r.Destroy(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if running, _ := r.Running(ctx, id); running {
-		t.Fatal("still running after Destroy")
+	if st, _ := r.State(ctx, id); st != "" {
+		t.Fatalf("state %q after Destroy", st)
 	}
 	if err := r.Destroy(ctx, id); err != nil {
 		t.Fatalf("second Destroy: %v", err)
 	}
 	if _, err := os.Stat("/sys/fs/cgroup/memory/cellfork-test/" + id); err == nil {
 		t.Fatal("cgroup left behind")
+	}
+}
+
+func spec(t *testing.T, id string, n *netns.Network, args ...string) sandbox.Spec {
+	return sandbox.Spec{
+		RuntimeID: id, BundleDir: filepath.Join(t.TempDir(), "bundle"), Rootfs: "/",
+		Args: args, Env: []string{"PATH=/usr/bin:/bin"}, NetnsPath: n.SandboxPath(),
+		Limits: sandbox.Limits{CPUCount: 1, MemoryMB: 256, PidsMax: 100},
+	}
+}
+
+func newNet(t *testing.T) *netns.Network {
+	t.Helper()
+	n, err := netns.Create("cft" + randomID()[:8])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Destroy() })
+	return n
+}
+
+func (r *Runtime) execOut(t *testing.T, id string, args ...string) string {
+	t.Helper()
+	out, err := r.runsc(context.Background(), 30*time.Second, append([]string{"exec", id}, args...)...)
+	if err != nil {
+		t.Fatalf("exec %v: %v", args, err)
+	}
+	return string(out)
+}
+
+// TestCheckpointRestorePause: a checkpoint restored into a Prepared sandbox
+// in another network namespace keeps files written to the overlay and
+// running processes with their pids; pause and resume change the state.
+func TestCheckpointRestorePause(t *testing.T) {
+	r := newTestRuntime(t)
+	ctx := context.Background()
+	parent := randomID()
+	err := r.Start(ctx, spec(t, parent, newNet(t), "/bin/sh", "-c", "echo $$ > /tmp/pid; echo state > /tmp/file; exec sleep 1000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Destroy(ctx, parent)
+	time.Sleep(200 * time.Millisecond) // let the shell write its files
+	pid := r.execOut(t, parent, "cat", "/tmp/pid")
+
+	img := t.TempDir()
+	if err := r.Checkpoint(ctx, parent, img, true); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := r.State(ctx, parent); st != "running" {
+		t.Fatalf("parent state %q after a leave-running checkpoint", st)
+	}
+	child := randomID()
+	cs := spec(t, child, newNet(t), "/bin/sh", "-c", "exec sleep 1000")
+	if err := r.Prepare(ctx, cs); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Destroy(ctx, child)
+	if st, _ := r.State(ctx, child); st != "created" {
+		t.Fatalf("prepared state %q", st)
+	}
+	if err := r.Restore(ctx, cs, img, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.execOut(t, child, "cat", "/tmp/file"); got != "state\n" {
+		t.Errorf("restored file = %q", got)
+	}
+	if got := r.execOut(t, child, "cat", "/proc/"+strings.TrimSpace(pid)+"/cmdline"); !strings.Contains(got, "sleep") {
+		t.Errorf("process %s not restored: %q", pid, got)
+	}
+	// The child diverges from the parent.
+	r.execOut(t, child, "sh", "-c", "echo child > /tmp/file")
+	if got := r.execOut(t, parent, "cat", "/tmp/file"); got != "state\n" {
+		t.Errorf("parent saw the child's write: %q", got)
+	}
+
+	if err := r.Pause(ctx, child); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := r.State(ctx, child); st != "paused" {
+		t.Fatalf("state %q after Pause", st)
+	}
+	if err := r.Resume(ctx, child); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := r.State(ctx, child); st != "running" {
+		t.Fatalf("state %q after Resume", st)
 	}
 }

@@ -1,0 +1,249 @@
+package api
+
+import (
+	"encoding/base64"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/sandbox"
+)
+
+// pause freezes a sandbox; 409 if it is paused already (E2B).
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	if err := decode(w, r, &struct{}{}); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.m.Pause(r.Context(), r.PathValue("id")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// resume is E2B's v1 resume: like connect, 201 when it resumed, 409 if the
+// sandbox was running.
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	var b struct {
+		Timeout *int `json:"timeout"`
+	}
+	if err := decode(w, r, &b); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var timeout time.Duration
+	if b.Timeout != nil {
+		timeout = time.Duration(*b.Timeout) * time.Second
+	}
+	id := r.PathValue("id")
+	resumed, err := s.m.Resume(r.Context(), id, timeout)
+	if err == nil && !resumed {
+		err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is not paused", id)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sb, err := s.m.Get(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.sandboxJSON(sb))
+}
+
+// snapshotBody is E2B's SnapshotInfo plus our tree fields.
+type snapshotBody struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
+	ParentID   *string  `json:"parentID"`
+	SandboxID  string   `json:"sandboxID"`
+	TemplateID string   `json:"templateID"`
+	SizeBytes  int64    `json:"sizeBytes"`
+	CreatedAt  string   `json:"createdAt"`
+}
+
+func snapshotJSON(sn *sandbox.Snapshot) snapshotBody {
+	b := snapshotBody{SnapshotID: sn.ID, Names: sn.Names, SandboxID: sn.SandboxID, TemplateID: sn.TemplateID,
+		SizeBytes: sn.SizeBytes, CreatedAt: sn.CreatedAt.Format(time.RFC3339Nano)}
+	if b.Names == nil {
+		b.Names = []string{}
+	}
+	if sn.ParentID != "" {
+		b.ParentID = &sn.ParentID
+	}
+	return b
+}
+
+func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
+	var b struct {
+		Name string `json:"name"`
+	}
+	if err := decode(w, r, &b); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sn, err := s.m.Snapshot(r.Context(), r.PathValue("id"), b.Name)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, snapshotJSON(sn))
+}
+
+// listSnapshots serves E2B's GET /snapshots (filters sandboxID and name,
+// paged by X-Next-Token), oldest first.
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "limit must be between 1 and 1000"))
+			return
+		}
+		limit = n
+	}
+	after := ""
+	if v := q.Get("nextToken"); v != "" {
+		b, err := base64.RawURLEncoding.DecodeString(v)
+		if err != nil || !strings.Contains(string(b), ":") {
+			s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "invalid nextToken"))
+			return
+		}
+		after = string(b)
+	}
+	all, err := s.m.ListSnapshots(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	page := []snapshotBody{}
+	for _, sn := range all {
+		key := sn.CreatedAt.Format("20060102150405.000000000") + ":" + sn.ID
+		if key <= after && after != "" || q.Has("sandboxID") && sn.SandboxID != q.Get("sandboxID") ||
+			q.Has("name") && !slices.Contains(sn.Names, q.Get("name")) {
+			continue
+		}
+		if len(page) == limit {
+			last := all[slices.IndexFunc(all, func(x *sandbox.Snapshot) bool { return x.ID == page[len(page)-1].SnapshotID })]
+			w.Header().Set("X-Next-Token", base64.RawURLEncoding.EncodeToString(
+				[]byte(last.CreatedAt.Format("20060102150405.000000000")+":"+last.ID)))
+			break
+		}
+		page = append(page, snapshotJSON(sn))
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
+	sn, err := s.m.GetSnapshot(r.Context(), r.PathValue("snapshotID"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, snapshotJSON(sn))
+}
+
+func (s *Server) snapshotUsage(w http.ResponseWriter, r *http.Request) {
+	total, limit, n, err := s.m.SnapshotUsage(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int64{"totalBytes": total, "capBytes": limit, "count": int64(n)})
+}
+
+// deleteSnapshot serves E2B's DELETE /templates/{id} for snapshots (and
+// our DELETE /snapshots/{id}).
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	if err := s.m.DeleteSnapshot(r.Context(), r.PathValue("snapshotID")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// forkResult is E2B's SandboxForkResult.
+type forkResult struct {
+	Sandbox *sandboxBody `json:"sandbox,omitempty"`
+	Error   *errorBody   `json:"error,omitempty"`
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
+	var b struct {
+		Timeout *int `json:"timeout"`
+		Count   *int `json:"count"`
+	}
+	if err := decode(w, r, &b); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	n, timeout := 1, time.Duration(0)
+	if b.Count != nil {
+		n = *b.Count
+	}
+	if b.Timeout != nil {
+		timeout = time.Duration(*b.Timeout) * time.Second
+	}
+	results, err := s.m.Fork(r.Context(), r.PathValue("id"), n, timeout)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]forkResult, len(results))
+	for i, res := range results {
+		if res.Err != nil {
+			status, msg := s.errorOf(r, res.Err)
+			out[i].Error = &errorBody{Code: status, Message: msg}
+			continue
+		}
+		sb := s.sandboxJSON(res.Sandbox)
+		out[i].Sandbox = &sb
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
+func (s *Server) rollback(w http.ResponseWriter, r *http.Request) {
+	var b struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	if err := decode(w, r, &b); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if b.SnapshotID == "" {
+		s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "snapshotID is required"))
+		return
+	}
+	sb, err := s.m.Rollback(r.Context(), r.PathValue("id"), b.SnapshotID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+}
+
+func (s *Server) merge(w http.ResponseWriter, r *http.Request) {
+	var b struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	if err := decode(w, r, &b); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if b.SandboxID == "" {
+		s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "sandboxID (the child to merge) is required"))
+		return
+	}
+	sb, err := s.m.Merge(r.Context(), r.PathValue("id"), b.SandboxID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+}

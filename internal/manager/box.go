@@ -1,0 +1,178 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/netns"
+	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/template"
+	"github.com/cellfork/cellfork/internal/timing"
+)
+
+// box is one runtime instance: a gVisor sandbox in its own network, and
+// the transport that reaches its ports. A sandbox id keeps its box for its
+// life, except that rollback and merge swap in another one.
+type box struct {
+	rid       string
+	rootfs    string
+	limits    sandbox.Limits
+	net       *netns.Network
+	transport *http.Transport
+}
+
+func (m *Manager) bundleDir(rid string) string {
+	return filepath.Join(m.cfg.DataDir, "runtimes", rid)
+}
+
+func (m *Manager) netName(rid string) string { return m.netPrefix + rid }
+
+// newTransport returns an HTTP transport whose every connection goes to a
+// port inside the box ("sandbox:<port>" in the request URL).
+func newTransport(n *netns.Network) *http.Transport {
+	return &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			_, p, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			port, err := strconv.Atoi(p)
+			if err != nil {
+				return nil, err
+			}
+			return n.Dial(ctx, port)
+		},
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+}
+
+// spec is the runtime spec of a box. Every box runs the agent with the
+// same arguments, so any checkpoint restores into any box of its rootfs.
+func (m *Manager) spec(b *box, extraEnv ...string) sandbox.Spec {
+	return sandbox.Spec{
+		RuntimeID: b.rid,
+		BundleDir: m.bundleDir(b.rid),
+		Rootfs:    b.rootfs,
+		Args:      []string{template.AgentDir + "/cellfork-agent"},
+		Env:       append(agentEnv(m.cfg.MaxUploadBytes), extraEnv...),
+		NetnsPath: b.net.SandboxPath(),
+		Limits:    b.limits,
+	}
+}
+
+func agentEnv(maxUpload int64) []string {
+	return []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME=/root",
+		"LANG=C.UTF-8",
+		fmt.Sprintf("CELLFORK_MAX_UPLOAD_BYTES=%d", maxUpload),
+	}
+}
+
+// newBox allocates a runtime id and a network for a box.
+func (m *Manager) newBox(ctx context.Context, rootfs string, limits sandbox.Limits) (*box, error) {
+	defer timing.Since(ctx, "netns", time.Now())
+	rid := randomHex(12)
+	n, err := netns.Create(m.netName(rid))
+	if err != nil {
+		return nil, err
+	}
+	return &box{rid: rid, rootfs: rootfs, limits: limits, net: n, transport: newTransport(n)}, nil
+}
+
+// bootBox starts a fresh box running the agent (no checkpoint involved).
+func (m *Manager) bootBox(ctx context.Context, rootfs string, limits sandbox.Limits, extraEnv ...string) (*box, error) {
+	b, err := m.newBox(ctx, rootfs, limits)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.rt.Start(ctx, m.spec(b, extraEnv...)); err != nil {
+		m.destroyBox(context.WithoutCancel(ctx), b)
+		return nil, err
+	}
+	if err := waitAgent(ctx, b); err != nil {
+		m.destroyBox(context.WithoutCancel(ctx), b)
+		return nil, err
+	}
+	return b, nil
+}
+
+// prepareBox creates a box that runs nothing yet, to restore into.
+func (m *Manager) prepareBox(ctx context.Context, rootfs string, limits sandbox.Limits) (*box, error) {
+	b, err := m.newBox(ctx, rootfs, limits)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.rt.Prepare(ctx, m.spec(b)); err != nil {
+		m.destroyBox(context.WithoutCancel(ctx), b)
+		return nil, err
+	}
+	return b, nil
+}
+
+// restoreBox starts a box from a checkpoint image: into a prepared shell
+// from the pool when one fits, else into a new one.
+func (m *Manager) restoreBox(ctx context.Context, image, rootfs string, limits sandbox.Limits) (*box, error) {
+	b, prepared := m.pool.takeShell(rootfs, limits), true
+	if b == nil {
+		var err error
+		if b, err = m.newBox(ctx, rootfs, limits); err != nil {
+			return nil, err
+		}
+		prepared = false
+	}
+	if err := m.rt.Restore(ctx, m.spec(b), image, prepared); err != nil {
+		m.destroyBox(context.WithoutCancel(ctx), b)
+		return nil, fmt.Errorf("restoring %s: %w", filepath.Base(image), err)
+	}
+	if err := waitAgent(ctx, b); err != nil {
+		m.destroyBox(context.WithoutCancel(ctx), b)
+		return nil, err
+	}
+	return b, nil
+}
+
+// destroyBox frees everything a box holds; it keeps going past errors.
+func (m *Manager) destroyBox(ctx context.Context, b *box) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	b.transport.CloseIdleConnections()
+	errs := []error{m.rt.Destroy(ctx, b.rid), b.net.Destroy(), os.RemoveAll(m.bundleDir(b.rid))}
+	if err := errors.Join(errs...); err != nil {
+		m.log.Error("destroying runtime", "runtime.id", b.rid, "err", err)
+		return err
+	}
+	return nil
+}
+
+// waitAgent waits until the agent in b accepts connections. A restored
+// agent answers at once; a booting one within tens of milliseconds.
+func waitAgent(ctx context.Context, b *box) error {
+	defer timing.Since(ctx, "agent", time.Now())
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for delay := 500 * time.Microsecond; ; delay = min(2*delay, 20*time.Millisecond) {
+		// A short per-attempt deadline: until gVisor owns the interface a
+		// SYN can be dropped, and the kernel's retransmit takes a second.
+		dctx, dcancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		c, err := b.net.Dial(dctx, EnvdPort)
+		dcancel()
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("agent did not start: %w", err)
+		}
+		time.Sleep(delay)
+	}
+}

@@ -1,0 +1,191 @@
+package manager
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/sandbox"
+)
+
+// pool keeps sandboxes ready to hand out (restored from their template's
+// warm image, agent up, not yet given to anyone) and prepared shells to
+// restore snapshots into. A background loop refills both, using a start
+// slot only when no foreground request waits for one. Safe for concurrent
+// use.
+type pool struct {
+	m           *Manager
+	readyTarget int
+	shellTarget int
+	kick        chan struct{}
+	stop, done  chan struct{}
+	mu          sync.Mutex
+	ready       map[string][]*box // template name -> boxes; guarded by mu
+	shells      []*box            // guarded by mu
+	warm        map[string]warmImage
+	shellRootfs string // rootfs the shells are prepared on
+	shellLimits sandbox.Limits
+}
+
+func newPool(m *Manager, readyTarget, shellTarget int) *pool {
+	return &pool{
+		m: m, readyTarget: readyTarget, shellTarget: shellTarget,
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		ready: map[string][]*box{}, warm: map[string]warmImage{},
+	}
+}
+
+// setWarm registers a template's warm image; the pool then keeps ready
+// sandboxes of it, and shells on its rootfs.
+func (p *pool) setWarm(name string, w warmImage) {
+	p.mu.Lock()
+	p.warm[name] = w
+	if p.shellRootfs == "" {
+		p.shellRootfs, p.shellLimits = w.rootfs, p.m.cfg.DefaultLimits
+	}
+	p.mu.Unlock()
+	p.poke()
+}
+
+func (p *pool) warmImage(name string) (warmImage, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w, ok := p.warm[name]
+	return w, ok
+}
+
+func (p *pool) poke() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// takeReady hands out a ready sandbox of the template, or nil.
+func (p *pool) takeReady(name string) *box {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	bs := p.ready[name]
+	if len(bs) == 0 {
+		return nil
+	}
+	b := bs[len(bs)-1]
+	p.ready[name] = bs[:len(bs)-1]
+	p.poke()
+	return b
+}
+
+// takeShell hands out a prepared shell that fits, or nil.
+func (p *pool) takeShell(rootfs string, limits sandbox.Limits) *box {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.shells) == 0 || rootfs != p.shellRootfs || limits != p.shellLimits {
+		return nil
+	}
+	b := p.shells[len(p.shells)-1]
+	p.shells = p.shells[:len(p.shells)-1]
+	p.poke()
+	return b
+}
+
+// next says what the pool lacks most: a ready sandbox of some template
+// (name != ""), a shell (shell), or nothing.
+func (p *pool) next() (name string, w warmImage, shell bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for n, img := range p.warm {
+		if len(p.ready[n]) < p.readyTarget {
+			return n, img, false
+		}
+	}
+	return "", warmImage{}, p.shellRootfs != "" && len(p.shells) < p.shellTarget
+}
+
+// run refills the pool until stopped.
+func (p *pool) run() {
+	defer close(p.done)
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-p.kick:
+		case <-time.After(time.Second):
+		}
+		for p.fillOne() {
+		}
+	}
+}
+
+// fillOne adds one ready sandbox or shell; false when there is nothing to
+// do, no slot is free, or it failed (the next tick retries).
+func (p *pool) fillOne() bool {
+	name, w, shell := p.next()
+	if name == "" && !shell {
+		return false
+	}
+	release, ok := p.m.adm.tryAcquire()
+	if !ok {
+		return false
+	}
+	defer release()
+	ctx := context.Background()
+	if name != "" {
+		b, err := p.m.restoreBox(ctx, w.image, w.rootfs, p.m.cfg.DefaultLimits)
+		if err != nil {
+			p.m.log.Error("refilling pool", "template", name, "err", err)
+			return false
+		}
+		return p.add(func() { p.ready[name] = append(p.ready[name], b) }, b)
+	}
+	b, err := p.m.prepareBox(ctx, p.shellRootfs, p.shellLimits)
+	if err != nil {
+		p.m.log.Error("preparing shell", "err", err)
+		return false
+	}
+	return p.add(func() { p.shells = append(p.shells, b) }, b)
+}
+
+// add stores b unless the pool was closed meanwhile.
+func (p *pool) add(store func(), b *box) bool {
+	p.mu.Lock()
+	select {
+	case <-p.stop:
+		p.mu.Unlock()
+		p.m.destroyBox(context.Background(), b)
+		return false
+	default:
+	}
+	store()
+	p.mu.Unlock()
+	return true
+}
+
+// close stops refilling and destroys every pooled box.
+func (p *pool) close() {
+	close(p.stop)
+	<-p.done
+	p.mu.Lock()
+	var all []*box
+	for _, bs := range p.ready {
+		all = append(all, bs...)
+	}
+	all = append(all, p.shells...)
+	p.ready, p.shells = map[string][]*box{}, nil
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, b := range all {
+		wg.Go(func() { p.m.destroyBox(context.Background(), b) })
+	}
+	wg.Wait()
+}
+
+// stats reports the pool's fill for /metrics-style reporting.
+func (p *pool) stats() (ready map[string]int, shells int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ready = map[string]int{}
+	for n, bs := range p.ready {
+		ready[n] = len(bs)
+	}
+	return ready, len(p.shells)
+}

@@ -1,0 +1,393 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/timing"
+)
+
+func (m *Manager) snapshotDir(id string) string { return filepath.Join(m.cfg.DataDir, "snapshots", id) }
+
+var snapshotNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
+
+// findSnapshot looks a snapshot up by id, then by name.
+func (m *Manager) findSnapshot(ctx context.Context, idOrName string) (*sandbox.Snapshot, error) {
+	if sn, err := m.st.GetSnapshot(ctx, idOrName); err == nil {
+		return sn, nil
+	}
+	all, err := m.st.ListSnapshots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, sn := range all {
+		if slices.Contains(sn.Names, idOrName) {
+			return sn, nil
+		}
+	}
+	return nil, errdefs.New(errdefs.ErrNotFound, "snapshot %q not found", idOrName)
+}
+
+// SnapshotUsage returns the bytes snapshot images use and the cap (0 = none).
+func (m *Manager) SnapshotUsage(ctx context.Context) (total, limit int64, count int, err error) {
+	all, err := m.st.ListSnapshots(ctx)
+	for _, sn := range all {
+		total += sn.SizeBytes
+	}
+	return total, m.cfg.SnapshotCapBytes, len(all), err
+}
+
+// checkDiskRoom refuses a new image when snapshots reach the cap or the
+// disk is nearly full.
+func (m *Manager) checkDiskRoom(ctx context.Context) error {
+	total, limit, _, err := m.SnapshotUsage(ctx)
+	if err != nil {
+		return err
+	}
+	if limit > 0 && total >= limit {
+		return errdefs.New(errdefs.ErrResourceExhausted, "snapshot disk cap reached: %d MiB used of %d MiB; delete snapshots first", total>>20, limit>>20)
+	}
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(m.cfg.DataDir, &fs); err == nil && int64(fs.Bavail)*fs.Bsize < 1<<30 {
+		return errdefs.New(errdefs.ErrResourceExhausted, "less than 1 GiB free on the data disk; delete snapshots first")
+	}
+	return nil
+}
+
+// Snapshot saves the sandbox's whole state (memory, processes, files,
+// sockets) as a new snapshot; the sandbox keeps running.
+func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snapshot, error) {
+	if name != "" && !snapshotNameRE.MatchString(name) {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "snapshot name must be 1-128 characters of letters, digits and ._:/-")
+	}
+	if name != "" {
+		if _, err := m.findSnapshot(ctx, name); err == nil {
+			return nil, errdefs.New(errdefs.ErrAlreadyExists, "a snapshot named %q already exists", name)
+		}
+	}
+	if err := m.checkDiskRoom(ctx); err != nil {
+		return nil, err
+	}
+	l, err := m.locked(id)
+	if err != nil {
+		return nil, err
+	}
+	defer l.mu.Unlock()
+	if l.rec.State != sandbox.StateRunning {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: resume it before taking a snapshot", id)
+	}
+	sid := "snap" + newID()[:16]
+	dir := m.snapshotDir(sid)
+	if err := m.checkpointInto(ctx, l.box.rid, dir, true); err != nil {
+		return nil, err
+	}
+	sn := &sandbox.Snapshot{
+		ID: sid, Names: []string{}, ParentID: l.rec.BaseSnapshot, SandboxID: id, TemplateID: l.rec.TemplateID,
+		Rootfs: l.rec.Rootfs, Image: dir, SizeBytes: imageSize(dir), CreatedAt: time.Now().UTC(),
+		Envs: maps.Clone(l.rec.Envs), CPUCount: l.rec.CPUCount, MemoryMB: l.rec.MemoryMB,
+	}
+	if name != "" {
+		sn.Names = []string{name}
+	}
+	if err := m.st.PutSnapshot(ctx, sn); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	l.rec.BaseSnapshot = sid
+	if err := m.st.Put(ctx, l.rec); err != nil {
+		m.log.Warn("recording snapshot base", "sandbox.id", id, "err", err)
+	}
+	m.log.Info("snapshot taken", "sandbox.id", id, "snapshot.id", sid, "bytes", sn.SizeBytes)
+	return sn, nil
+}
+
+// ListSnapshots returns every snapshot, oldest first.
+func (m *Manager) ListSnapshots(ctx context.Context) ([]*sandbox.Snapshot, error) {
+	all, err := m.st.ListSnapshots(ctx)
+	slices.SortFunc(all, func(a, b *sandbox.Snapshot) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	return all, err
+}
+
+// GetSnapshot returns one snapshot by id or name.
+func (m *Manager) GetSnapshot(ctx context.Context, idOrName string) (*sandbox.Snapshot, error) {
+	return m.findSnapshot(ctx, idOrName)
+}
+
+// DeleteSnapshot removes a snapshot and, once no restore reads it, its
+// image. Its children in the tree move up to its parent.
+func (m *Manager) DeleteSnapshot(ctx context.Context, idOrName string) error {
+	sn, err := m.findSnapshot(ctx, idOrName)
+	if err != nil {
+		return err
+	}
+	m.snap.Lock()
+	defer m.snap.Unlock()
+	all, err := m.st.ListSnapshots(ctx)
+	if err != nil {
+		return err
+	}
+	for _, c := range all {
+		if c.ParentID == sn.ID {
+			c.ParentID = sn.ParentID
+			if err := m.st.PutSnapshot(ctx, c); err != nil {
+				return err
+			}
+		}
+	}
+	if err := m.st.DeleteSnapshot(ctx, sn.ID); err != nil {
+		return err
+	}
+	m.images.remove(sn.Image)
+	m.log.Info("snapshot deleted", "snapshot.id", sn.ID)
+	return nil
+}
+
+// imageRefs counts restores reading each image, so that deleting an image
+// waits until the last one is done. Safe for concurrent use.
+type imageRefs struct {
+	mu     sync.Mutex
+	n      map[string]int
+	doomed map[string]bool
+}
+
+func (r *imageRefs) acquire(path string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == nil {
+		r.n, r.doomed = map[string]int{}, map[string]bool{}
+	}
+	r.n[path]++
+}
+
+func (r *imageRefs) release(path string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n[path]--; r.n[path] <= 0 {
+		delete(r.n, path)
+		if r.doomed[path] {
+			delete(r.doomed, path)
+			_ = os.RemoveAll(path)
+		}
+	}
+}
+
+// remove deletes the image now, or when its last reader is done.
+func (r *imageRefs) remove(path string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n[path] > 0 {
+		r.doomed[path] = true
+		return
+	}
+	_ = os.RemoveAll(path)
+}
+
+// treeRoot follows parent links to the root of a snapshot's tree.
+func treeRoot(byID map[string]*sandbox.Snapshot, id string) string {
+	for i := 0; i < 10000; i++ {
+		sn, ok := byID[id]
+		if !ok || sn.ParentID == "" {
+			return id
+		}
+		id = sn.ParentID
+	}
+	return id
+}
+
+// inTree reports whether sn belongs to the snapshot tree of the sandbox:
+// the tree of the snapshot its state came from, or of snapshots taken of it.
+func (m *Manager) inTree(ctx context.Context, rec *sandbox.Sandbox, sn *sandbox.Snapshot) (bool, error) {
+	all, err := m.st.ListSnapshots(ctx)
+	if err != nil {
+		return false, err
+	}
+	byID := map[string]*sandbox.Snapshot{}
+	for _, s := range all {
+		byID[s.ID] = s
+	}
+	root := treeRoot(byID, sn.ID)
+	if rec.BaseSnapshot != "" && treeRoot(byID, rec.BaseSnapshot) == root {
+		return true, nil
+	}
+	for _, s := range all {
+		if s.SandboxID == rec.ID && treeRoot(byID, s.ID) == root {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// Rollback restores the sandbox in place to a snapshot of its tree: same
+// id, same address, the snapshot's state. The new state is started before
+// the old one is dropped, so a failed rollback leaves the sandbox as it was.
+func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.Sandbox, error) {
+	sn, err := m.findSnapshot(ctx, snapshot)
+	if err != nil {
+		return nil, err
+	}
+	m.images.acquire(sn.Image)
+	defer m.images.release(sn.Image)
+	l, err := m.locked(id)
+	if err != nil {
+		return nil, err
+	}
+	defer l.mu.Unlock()
+	if l.rec.State != sandbox.StateRunning {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: resume it before rolling back", id)
+	}
+	ok, err := m.inTree(ctx, l.rec, sn)
+	if err != nil {
+		return nil, err
+	}
+	if !ok || sn.Rootfs != l.rec.Rootfs {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q is not in the snapshot tree of sandbox %q", snapshot, id)
+	}
+	release, err := m.adm.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	nb, err := m.restoreBox(ctx, sn.Image, sn.Rootfs, l.box.limits)
+	release()
+	if err != nil {
+		return nil, fmt.Errorf("rolling back sandbox %s: %w", id, err)
+	}
+	old, oldRID, oldBase := l.box, l.rec.RuntimeID, l.rec.BaseSnapshot
+	l.box, l.rec.RuntimeID, l.rec.BaseSnapshot = nb, nb.rid, sn.ID
+	if err := m.st.Put(ctx, l.rec); err != nil {
+		l.box, l.rec.RuntimeID, l.rec.BaseSnapshot = old, oldRID, oldBase
+		m.destroyBox(context.WithoutCancel(ctx), nb)
+		return nil, err
+	}
+	go m.destroyBox(context.Background(), old) // off the critical path
+	m.log.Info("sandbox rolled back", "sandbox.id", id, "snapshot.id", sn.ID)
+	return cloneRecord(l.rec), nil
+}
+
+// ForkResult is one child of a fork: a sandbox or an error.
+type ForkResult struct {
+	Sandbox *sandbox.Sandbox
+	Err     error
+}
+
+// Fork makes n independent copies of the running sandbox at one instant
+// (one checkpoint, n parallel restores); the parent keeps running. A
+// failed child does not fail the others.
+func (m *Manager) Fork(ctx context.Context, id string, n int, timeout time.Duration) ([]ForkResult, error) {
+	if n < 1 || n > m.cfg.MaxFork {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "count must be between 1 and %d", m.cfg.MaxFork)
+	}
+	if timeout == 0 {
+		timeout = m.cfg.DefaultTimeout
+	}
+	if err := m.checkTimeout(timeout); err != nil {
+		return nil, err
+	}
+	l, err := m.locked(id)
+	if err != nil {
+		return nil, err
+	}
+	if l.rec.State != sandbox.StateRunning {
+		l.mu.Unlock()
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: resume it before forking", id)
+	}
+	img := filepath.Join(m.cfg.DataDir, "forks", randomHex(8))
+	err = m.checkpointInto(ctx, l.box.rid, img, true)
+	parent, limits := cloneRecord(l.rec), l.box.limits
+	l.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(img)
+	t0 := time.Now()
+	results := make([]ForkResult, n)
+	var wg sync.WaitGroup
+	for i := range results {
+		wg.Go(func() {
+			results[i].Sandbox, results[i].Err = m.forkChild(ctx, parent, img, limits, timeout)
+		})
+	}
+	wg.Wait()
+	timing.Since(ctx, "children", t0)
+	return results, nil
+}
+
+func (m *Manager) forkChild(ctx context.Context, parent *sandbox.Sandbox, img string, limits sandbox.Limits, timeout time.Duration) (*sandbox.Sandbox, error) {
+	release, err := m.adm.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b, err := m.restoreBox(ctx, img, parent.Rootfs, limits)
+	release()
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	rec := cloneRecord(parent)
+	rec.ID, rec.AccessToken, rec.RuntimeID, rec.BootMode = newID(), randomHex(16), b.rid, "fork"
+	rec.ParentID, rec.StartedAt, rec.EndAt, rec.PausedImage = parent.ID, now, now.Add(timeout), ""
+	if err := m.adoptNew(ctx, rec, b, nil); err != nil {
+		return nil, err
+	}
+	return cloneRecord(rec), nil
+}
+
+// Merge makes a fork child's state the parent's, under the parent's id and
+// address; the child's id goes away and the parent's old state is dropped.
+// Other children are untouched.
+func (m *Manager) Merge(ctx context.Context, parentID, childID string) (*sandbox.Sandbox, error) {
+	if parentID == childID {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "cannot merge a sandbox into itself")
+	}
+	first, second := parentID, childID
+	if second < first {
+		first, second = second, first
+	}
+	a, err := m.locked(first)
+	if err != nil {
+		return nil, err
+	}
+	defer a.mu.Unlock()
+	b, err := m.locked(second)
+	if err != nil {
+		return nil, err
+	}
+	defer b.mu.Unlock()
+	p, c := a, b
+	if p.rec.ID != parentID {
+		p, c = b, a
+	}
+	if c.rec.ParentID != parentID {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is not a fork child of %q", childID, parentID)
+	}
+	if p.rec.State != sandbox.StateRunning || c.rec.State != sandbox.StateRunning {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "both sandboxes must be running to merge")
+	}
+	old := p.box
+	prev := *p.rec
+	p.box, p.rec.RuntimeID, p.rec.BaseSnapshot = c.box, c.box.rid, c.rec.BaseSnapshot
+	if err := m.st.Put(ctx, p.rec); err != nil {
+		p.box, *p.rec = old, prev
+		return nil, err
+	}
+	m.forget(c)
+	c.box = nil
+	if err := m.st.Delete(ctx, childID); err != nil {
+		m.log.Warn("deleting merged child record", "sandbox.id", childID, "err", err)
+	}
+	go m.destroyBox(context.Background(), old)
+	m.log.Info("sandbox merged", "sandbox.id", parentID, "child", childID)
+	return cloneRecord(p.rec), nil
+}
+
+var _ = errors.Is

@@ -1,0 +1,117 @@
+package manager
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/template"
+)
+
+// warmImage is a template's checkpoint taken right after boot: agent up,
+// default code context started, pre-imports done. Creating a sandbox
+// restores it instead of booting.
+type warmImage struct {
+	rootfs string
+	image  string
+}
+
+// Warm makes sure the template has a warm image (building it if needed)
+// and hands it to the pool. Without one, creates boot the template.
+func (m *Manager) Warm(ctx context.Context, name string) error {
+	rootfs, err := m.tpl.Rootfs(ctx, name, discard)
+	if err != nil {
+		return err
+	}
+	key, err := m.tpl.WarmKey(name)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(rootfs)
+	image := filepath.Join(dir, "warm-"+key)
+	if _, err := os.Stat(filepath.Join(image, "checkpoint.img")); err != nil {
+		t0 := time.Now()
+		m.log.Info("building warm image", "template", name, "preimport", strings.Join(template.Preimport(name), ","))
+		if err := m.buildWarm(ctx, name, rootfs, image); err != nil {
+			return fmt.Errorf("building warm image of %s: %w", name, err)
+		}
+		m.log.Info("warm image ready", "template", name, "ms", time.Since(t0).Milliseconds())
+	}
+	pruneWarm(dir, filepath.Base(image))
+	m.pool.setWarm(name, warmImage{rootfs: rootfs, image: image})
+	return nil
+}
+
+func (m *Manager) buildWarm(ctx context.Context, name, rootfs, image string) error {
+	b, err := m.bootBox(ctx, rootfs, m.cfg.DefaultLimits,
+		"CELLFORK_PREIMPORT="+strings.Join(template.Preimport(name), ","))
+	if err != nil {
+		return err
+	}
+	defer m.destroyBox(context.WithoutCancel(ctx), b)
+	if err := postInit(ctx, b.transport, nil); err != nil {
+		return err
+	}
+	// Wait for the default code context (and its pre-imports).
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(rctx, http.MethodGet, fmt.Sprintf("http://sandbox:%d/ready", CodeInterpreterPort), nil)
+	resp, err := b.transport.RoundTrip(req)
+	if err != nil {
+		return fmt.Errorf("waiting for the default code context: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("default code context failed to start: %s", resp.Status)
+	}
+	b.transport.CloseIdleConnections()
+	return m.checkpointInto(ctx, b.rid, image, false)
+}
+
+// checkpointInto writes a checkpoint to a temporary directory and renames
+// it into place, so that a crash never leaves a half-written image at path.
+func (m *Manager) checkpointInto(ctx context.Context, rid, path string, leaveRunning bool) error {
+	tmp := path + ".tmp"
+	_ = os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return err
+	}
+	if err := m.rt.Checkpoint(ctx, rid, tmp, leaveRunning); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	return nil
+}
+
+// pruneWarm removes the template's other (stale or half-built) warm images.
+func pruneWarm(dir, keep string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), "warm-") && e.Name() != keep {
+			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// imageSize is the bytes an image directory takes on disk.
+func imageSize(dir string) int64 {
+	var n int64
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if fi, err := e.Info(); err == nil {
+			n += fi.Size()
+		}
+	}
+	return n
+}
+
+var _ = sandbox.StateRunning

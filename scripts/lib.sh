@@ -1,0 +1,25 @@
+# lib.sh: shared by test.sh and bench.sh. Source it, then call
+# start_test_daemon [extra serve flags...]. It exports CELLFORK_URL/KEY and
+# the E2B_* variables, and stops the daemon and removes its data on exit.
+DATA_DIR=${DATA_DIR:-/var/lib/cellfork}
+
+start_test_daemon() {
+  TEST_TMP=$(mktemp -d /tmp/cellfork-test.XXXXXX)
+  local port key
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  key="test-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+  CELLFORK_API_KEY="$key" bin/cellfork serve --addr "127.0.0.1:$port" --data-dir "$TEST_TMP/data" \
+    --template-dir "$DATA_DIR/templates" "$@" > "$TEST_TMP/daemon.log" 2>&1 &
+  TEST_DAEMON=$!
+  trap stop_test_daemon EXIT
+  for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+  curl -fsS "http://127.0.0.1:$port/health" >/dev/null || { tail -n 20 "$TEST_TMP/daemon.log"; return 1; }
+  export CELLFORK_URL="http://127.0.0.1:$port" CELLFORK_API_KEY="$key"
+  export E2B_API_URL="$CELLFORK_URL" E2B_SANDBOX_URL="$CELLFORK_URL" E2B_API_KEY="$key"
+}
+
+stop_test_daemon() {
+  kill -TERM "$TEST_DAEMON" 2>/dev/null; wait "$TEST_DAEMON" 2>/dev/null
+  for _ in 1 2 3; do umount "$TEST_TMP/data/runsc/null-netns" 2>/dev/null || true; done
+  rm -rf "$TEST_TMP"
+}
