@@ -11,6 +11,8 @@ Protocol, one JSON object per line in each direction:
               result, error and number_of_executions in the E2B wire form (the
               agent forwards them verbatim), {"type":"ready"} once when the
               kernel can take commands and {"type":"done","id":n} after each.
+              A cell's first output is written at once; output within
+              COALESCE_SECONDS of a write is merged into the next one.
   fd 1/2      the agent's log at start. They are re-pointed at pipes that a
               thread here reads, so output written at the C level (os.system,
               subprocesses, extensions) reaches the client as stdout/stderr,
