@@ -12,13 +12,23 @@ import (
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
-// pause freezes a sandbox; 409 if it is paused already (E2B).
+// pause freezes a sandbox; 409 if it is paused already (E2B). With our
+// {"spill": true} its state also goes to disk now, freeing its memory,
+// instead of after --spill-after.
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
-	if err := decode(w, r, &struct{}{}); err != nil {
+	var b struct {
+		Spill bool `json:"spill"`
+	}
+	if err := decode(w, r, &b); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if err := s.m.Pause(r.Context(), r.PathValue("id")); err != nil {
+	id := r.PathValue("id")
+	err := s.m.Pause(r.Context(), id)
+	if err == nil && b.Spill {
+		err = s.m.Spill(r.Context(), id)
+	}
+	if err != nil {
 		s.fail(w, r, err)
 		return
 	}

@@ -65,6 +65,7 @@ func (m *Manager) Spill(ctx context.Context, id string) error {
 	if l.rec.State != sandbox.StatePaused || l.box == nil {
 		return nil
 	}
+	t0 := time.Now()
 	img := m.pausedDir(id)
 	if err := m.checkpointInto(ctx, l.box.rid, img, false); err != nil {
 		return err
@@ -74,7 +75,10 @@ func (m *Manager) Spill(ctx context.Context, id string) error {
 	if err := m.st.Put(ctx, l.rec); err != nil {
 		return err
 	}
-	timing.Since(ctx, "spill", time.Now())
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	timing.Since(ctx, "spill", t0)
 	go m.destroyBox(context.Background(), old)
 	m.log.Info("paused sandbox moved to disk", "sandbox.id", id, "bytes", imageSize(img))
 	return nil

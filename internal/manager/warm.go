@@ -34,6 +34,12 @@ func (m *Manager) Warm(ctx context.Context, name string) error {
 	}
 	dir := filepath.Dir(rootfs)
 	image := filepath.Join(dir, "warm-"+key)
+	// Daemons sharing a template directory build the image once.
+	unlock, err := template.Lock(filepath.Join(dir, ".warm.lock"))
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if _, err := os.Stat(filepath.Join(image, "checkpoint.img")); err != nil {
 		t0 := time.Now()
 		m.log.Info("building warm image", "template", name, "preimport", strings.Join(template.Preimport(name), ","))
@@ -76,8 +82,7 @@ func (m *Manager) buildWarm(ctx context.Context, name, rootfs, image string) err
 // checkpointInto writes a checkpoint to a temporary directory and renames
 // it into place, so that a crash never leaves a half-written image at path.
 func (m *Manager) checkpointInto(ctx context.Context, rid, path string, leaveRunning bool) error {
-	tmp := path + ".tmp"
-	_ = os.RemoveAll(tmp)
+	tmp := path + ".tmp-" + randomHex(4)
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return err
 	}

@@ -127,7 +127,7 @@ func (r *Registry) build(ctx context.Context, name string, progress io.Writer) (
 	}
 	// Serialize builds across processes (`cellfork template build` and a
 	// starting daemon may race).
-	unlock, err := flock(filepath.Join(dir, ".lock"))
+	unlock, err := Lock(filepath.Join(dir, ".lock"))
 	if err != nil {
 		return "", err
 	}
@@ -207,7 +207,9 @@ func (r *Registry) installAgent(rootfs string) error {
 	return nil
 }
 
-func flock(path string) (func(), error) {
+// Lock takes an exclusive lock on path (created if needed), waiting for it,
+// and returns its release.
+func Lock(path string) (func(), error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
