@@ -27,6 +27,8 @@ import (
 	"github.com/cellfork/cellfork/internal/envd/process"
 	"github.com/cellfork/cellfork/internal/manager"
 	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/store"
+	"github.com/cellfork/cellfork/internal/template"
 )
 
 // loadSpec loads and validates openapi.yaml (the embedded copy, which is
@@ -166,6 +168,10 @@ func TestOpenAPICoversControlRoutes(t *testing.T) {
 		"GET /v2/sandboxes", "GET /sandboxes", "GET /sandboxes/{id}", "DELETE /sandboxes/{id}",
 		"POST /sandboxes/{id}/timeout", "POST /sandboxes/{id}/refreshes",
 		"POST /v2/sandboxes/{id}/connect", "POST /sandboxes/{id}/connect", "GET /sandboxes/{id}/metrics",
+		"POST /sandboxes/{id}/pause", "POST /sandboxes/{id}/resume", "POST /sandboxes/{id}/snapshots",
+		"GET /snapshots", "GET /snapshots/usage", "GET /snapshots/{snapshotID}", "DELETE /snapshots/{snapshotID}",
+		"DELETE /templates/{snapshotID}", "POST /sandboxes/{id}/fork", "POST /sandboxes/{id}/rollback",
+		"POST /sandboxes/{id}/merge",
 	} {
 		if !slices.ContainsFunc(routes, func(r route) bool { return r.String() == want }) {
 			t.Errorf("routes() no longer registers %s; update openapi.yaml and this list", want)
@@ -222,18 +228,64 @@ func TestOpenAPICoversRPCMethods(t *testing.T) {
 	}
 }
 
+// fakeTemplates returns a template registry whose built-in template "base"
+// is already built (an empty rootfs), so creates resolve it without a build.
+func fakeTemplates(t *testing.T, dir string) *template.Registry {
+	t.Helper()
+	agentDir := filepath.Join(dir, "agent")
+	if err := os.MkdirAll(agentDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range template.AgentFiles {
+		if err := os.WriteFile(filepath.Join(agentDir, f), []byte("fake"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hash, err := template.Hash("base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "templates", "base", hash, "rootfs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return template.NewRegistry(filepath.Join(dir, "templates"), agentDir)
+}
+
 // TestOpenAPIMatchesResponses sends requests that need no sandbox to a real
 // Server and checks each answer against the document: status documented,
 // headers present, JSON body valid against the documented schema.
 func TestOpenAPIMatchesResponses(t *testing.T) {
 	doc := loadSpec(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	// Two snapshots (a root and its child) that already exceed the snapshot
+	// cap, so that listing, fetching, deleting, creating from a snapshot
+	// and the 507 of a new snapshot can be checked without a runtime.
+	t0 := time.Date(2026, 1, 1, 0, 5, 0, 123456789, time.UTC)
+	for _, sn := range []*sandbox.Snapshot{
+		{ID: "snapaaaaaaaaaaaaaaaa", Names: []string{"first"}, SandboxID: "i5q0w8r3m2a7k1x9c4b6", TemplateID: "base",
+			Image: filepath.Join(dir, "snapshots", "snapaaaaaaaaaaaaaaaa"), SizeBytes: 2 << 20, CreatedAt: t0, CPUCount: 1, MemoryMB: 1024},
+		{ID: "snapbbbbbbbbbbbbbbbb", Names: []string{"team/child"}, ParentID: "snapaaaaaaaaaaaaaaaa", SandboxID: "p2n7c4x9w1q5m8k3z6b0",
+			TemplateID: "base", Image: filepath.Join(dir, "snapshots", "snapbbbbbbbbbbbbbbbb"), SizeBytes: 1 << 20,
+			CreatedAt: t0.Add(time.Minute), CPUCount: 1, MemoryMB: 1024},
+	} {
+		if err := st.PutSnapshot(context.Background(), sn); err != nil {
+			t.Fatal(err)
+		}
+	}
 	m := manager.New(manager.Config{
-		DataDir:        t.TempDir(),
+		DataDir:        dir,
 		DefaultLimits:  sandbox.Limits{CPUCount: 1, MemoryMB: 1024},
 		MaxLimits:      sandbox.Limits{CPUCount: 2, MemoryMB: 2048},
 		DefaultTimeout: 5 * time.Minute, MaxTimeout: time.Hour, MaxUploadBytes: 1 << 20,
-	}, nil, nil, nil, log) // no runtime, store or templates: no request below gets that far
+		StartConcurrency: 1, StartQueue: 1, StartWait: time.Second,
+		SnapshotCapBytes: 1 << 20, MaxFork: 4, SpillAfter: time.Second,
+	}, nil, st, fakeTemplates(t, dir), log) // no runtime: no request below starts a sandbox
 	srv := New(Config{APIKeys: []string{"k"}, MaxUploadBytes: 1 << 20}, m, log)
 
 	type tc struct {
@@ -243,6 +295,7 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		body         string
 		headers      map[string]string
 		want         int
+		wantHeaders  []string // response headers that must be present
 	}
 	key := map[string]string{"X-API-KEY": "k"}
 	dp := func(port string) map[string]string {
@@ -259,8 +312,11 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		{name: "list bad state", method: "GET", path: "/v2/sandboxes?state=gone", specPath: "/v2/sandboxes", headers: key, want: 400},
 		{name: "create no template", method: "POST", path: "/v2/sandboxes", body: `{}`, headers: key, want: 400},
 		{name: "create malformed", method: "POST", path: "/sandboxes", body: `{`, headers: key, want: 400},
-		{name: "create autoPause", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","autoPause":true}`, headers: key, want: 400},
+		// autoPause is accepted: the create gets as far as the template.
+		{name: "create autoPause", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"nope","autoPause":true}`, headers: key, want: 404},
 		{name: "create big cpu", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","cpuCount":64}`, headers: key, want: 400},
+		{name: "create from snapshot name, big cpu", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"first","cpuCount":64}`, headers: key, want: 400},
+		{name: "create from snapshot id, bad timeout", method: "POST", path: "/sandboxes", body: `{"templateID":"snapaaaaaaaaaaaaaaaa","timeout":0}`, headers: key, want: 400},
 		{name: "create unknown template", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"nope","extra":{"a":1}}`, headers: key, want: 404},
 		{name: "get unknown", method: "GET", path: "/sandboxes/abc", specPath: "/sandboxes/{id}", headers: key, want: 404},
 		{name: "kill unknown", method: "DELETE", path: "/sandboxes/abc", specPath: "/sandboxes/{id}", headers: key, want: 404},
@@ -271,6 +327,36 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		{name: "connect v1 unknown", method: "POST", path: "/sandboxes/abc/connect", specPath: "/sandboxes/{id}/connect", headers: key, want: 404},
 		{name: "metrics bad start", method: "GET", path: "/sandboxes/abc/metrics?start=x", specPath: "/sandboxes/{id}/metrics", headers: key, want: 400},
 		{name: "metrics unknown", method: "GET", path: "/sandboxes/abc/metrics", specPath: "/sandboxes/{id}/metrics", headers: key, want: 404},
+		{name: "connect bad timeout", method: "POST", path: "/v2/sandboxes/abc/connect", specPath: "/v2/sandboxes/{id}/connect", body: `{"timeout":99999}`, headers: key, want: 400},
+		{name: "pause unknown", method: "POST", path: "/sandboxes/abc/pause", specPath: "/sandboxes/{id}/pause", body: `{"memory":true}`, headers: key, want: 404},
+		{name: "pause malformed", method: "POST", path: "/sandboxes/abc/pause", specPath: "/sandboxes/{id}/pause", body: `{`, headers: key, want: 400},
+		{name: "resume unknown", method: "POST", path: "/sandboxes/abc/resume", specPath: "/sandboxes/{id}/resume", headers: key, want: 404},
+		{name: "resume bad timeout", method: "POST", path: "/sandboxes/abc/resume", specPath: "/sandboxes/{id}/resume", body: `{"timeout":-1}`, headers: key, want: 400},
+		{name: "snapshot bad name", method: "POST", path: "/sandboxes/abc/snapshots", specPath: "/sandboxes/{id}/snapshots", body: `{"name":"-x"}`, headers: key, want: 400},
+		{name: "snapshot name taken", method: "POST", path: "/sandboxes/abc/snapshots", specPath: "/sandboxes/{id}/snapshots", body: `{"name":"first"}`, headers: key, want: 409},
+		{name: "snapshot over cap", method: "POST", path: "/sandboxes/abc/snapshots", specPath: "/sandboxes/{id}/snapshots", body: `{"name":"new"}`, headers: key, want: 507},
+		{name: "list snapshots", method: "GET", path: "/snapshots", headers: key, want: 200},
+		{name: "list snapshots paged", method: "GET", path: "/snapshots?limit=1", specPath: "/snapshots", headers: key, want: 200, wantHeaders: []string{"X-Next-Token"}},
+		{name: "list snapshots of a sandbox", method: "GET", path: "/snapshots?sandboxID=p2n7c4x9w1q5m8k3z6b0&name=team%2Fchild", specPath: "/snapshots", headers: key, want: 200},
+		{name: "list snapshots bad limit", method: "GET", path: "/snapshots?limit=1001", specPath: "/snapshots", headers: key, want: 400},
+		{name: "list snapshots bad token", method: "GET", path: "/snapshots?nextToken=x", specPath: "/snapshots", headers: key, want: 400},
+		{name: "snapshot usage", method: "GET", path: "/snapshots/usage", headers: key, want: 200},
+		{name: "get snapshot by name", method: "GET", path: "/snapshots/first", specPath: "/snapshots/{snapshotID}", headers: key, want: 200},
+		{name: "get snapshot unknown", method: "GET", path: "/snapshots/nope", specPath: "/snapshots/{snapshotID}", headers: key, want: 404},
+		{name: "delete snapshot unknown", method: "DELETE", path: "/snapshots/nope", specPath: "/snapshots/{snapshotID}", headers: key, want: 404},
+		{name: "delete template unknown", method: "DELETE", path: "/templates/base", specPath: "/templates/{snapshotID}", headers: key, want: 404},
+		{name: "fork count 0", method: "POST", path: "/sandboxes/abc/fork", specPath: "/sandboxes/{id}/fork", body: `{"count":0}`, headers: key, want: 400},
+		{name: "fork count over max", method: "POST", path: "/sandboxes/abc/fork", specPath: "/sandboxes/{id}/fork", body: `{"count":5}`, headers: key, want: 400},
+		{name: "fork unknown", method: "POST", path: "/sandboxes/abc/fork", specPath: "/sandboxes/{id}/fork", body: `{"count":2,"timeout":60}`, headers: key, want: 404},
+		{name: "rollback no snapshot", method: "POST", path: "/sandboxes/abc/rollback", specPath: "/sandboxes/{id}/rollback", body: `{}`, headers: key, want: 400},
+		{name: "rollback unknown snapshot", method: "POST", path: "/sandboxes/abc/rollback", specPath: "/sandboxes/{id}/rollback", body: `{"snapshotID":"nope"}`, headers: key, want: 404},
+		{name: "rollback unknown sandbox", method: "POST", path: "/sandboxes/abc/rollback", specPath: "/sandboxes/{id}/rollback", body: `{"snapshotID":"first"}`, headers: key, want: 404},
+		{name: "merge no child", method: "POST", path: "/sandboxes/abc/merge", specPath: "/sandboxes/{id}/merge", body: `{}`, headers: key, want: 400},
+		{name: "merge into itself", method: "POST", path: "/sandboxes/abc/merge", specPath: "/sandboxes/{id}/merge", body: `{"sandboxID":"abc"}`, headers: key, want: 400},
+		{name: "merge unknown", method: "POST", path: "/sandboxes/abc/merge", specPath: "/sandboxes/{id}/merge", body: `{"sandboxID":"def"}`, headers: key, want: 404},
+		// Last: deletes a snapshot, by a name with a percent-encoded slash
+		// (as the E2B SDK sends it).
+		{name: "delete snapshot as template", method: "DELETE", path: "/templates/team%2Fchild", specPath: "/templates/{snapshotID}", headers: key, want: 204},
 		{name: "data plane health, no sandbox", method: "GET", path: "/health", headers: dp("49983"), want: 502},
 		{name: "data plane bad port", method: "GET", path: "/health", headers: map[string]string{"E2b-Sandbox-Id": "abc"}, want: 400},
 		{name: "files, no sandbox", method: "GET", path: "/files?path=/a", specPath: "/files", headers: dp("49983"), want: 502},
@@ -293,6 +379,11 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 			res := rec.Result()
 			if res.StatusCode != c.want {
 				t.Fatalf("status %d, want %d; body %s", res.StatusCode, c.want, rec.Body)
+			}
+			for _, h := range c.wantHeaders {
+				if res.Header.Get(h) == "" {
+					t.Errorf("header %s missing", h)
+				}
 			}
 			specPath := c.specPath
 			if specPath == "" {
@@ -318,6 +409,12 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 			}
 			if st := res.Header.Get("Server-Timing"); !serverTimingRE.MatchString(st) {
 				t.Errorf("Server-Timing %q is not a list of name;dur=ms ending with total", st)
+			}
+			if res.StatusCode == http.StatusNoContent {
+				if rec.Body.Len() != 0 || len(resp.Value.Content) != 0 {
+					t.Errorf("204 with a body (%d bytes) or documented content", rec.Body.Len())
+				}
+				return
 			}
 			ct, _, _ := strings.Cut(res.Header.Get("Content-Type"), ";")
 			mt := resp.Value.Content.Get(ct)
