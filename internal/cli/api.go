@@ -98,13 +98,20 @@ func reachError(base string, err error) error {
 // decodes a 2xx JSON answer into out (if out != nil). It returns the
 // response headers, or an *apiError for non-2xx answers.
 func (c *apiClient) do(ctx context.Context, method, path string, query url.Values, body, out any) (http.Header, error) {
+	_, h, err := c.call(ctx, method, path, query, body, out)
+	return h, err
+}
+
+// call is do that also returns the response's status code (0 if there was
+// no response).
+func (c *apiClient) call(ctx context.Context, method, path string, query url.Values, body, out any) (int, http.Header, error) {
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return nil, fmt.Errorf("encoding request: %w", err)
+			return 0, nil, fmt.Errorf("encoding request: %w", err)
 		}
 		rd = bytes.NewReader(b)
 	}
@@ -114,7 +121,7 @@ func (c *apiClient) do(ctx context.Context, method, path string, query url.Value
 	}
 	req, err := http.NewRequestWithContext(ctx, method, target, rd)
 	if err != nil {
-		return nil, fmt.Errorf("building request: %w", err)
+		return 0, nil, fmt.Errorf("building request: %w", err)
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -125,19 +132,19 @@ func (c *apiClient) do(ctx context.Context, method, path string, query url.Value
 	req.Header.Set("User-Agent", userAgent)
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, reachError(c.base, err)
+		return 0, nil, reachError(c.base, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return resp.Header, errorFromResponse(resp)
+		return resp.StatusCode, resp.Header, errorFromResponse(resp)
 	}
 	if out == nil {
-		return resp.Header, nil
+		return resp.StatusCode, resp.Header, nil
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return resp.Header, fmt.Errorf("decoding %s %s response: %w", method, path, err)
+		return resp.StatusCode, resp.Header, fmt.Errorf("decoding %s %s response: %w", method, path, err)
 	}
-	return resp.Header, nil
+	return resp.StatusCode, resp.Header, nil
 }
 
 // sandboxInfo is the part of the daemon's Sandbox JSON the CLI reads.

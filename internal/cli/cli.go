@@ -127,6 +127,18 @@ func (a *app) run(ctx context.Context, args []string) error {
 		return a.exec(ctx, rest)
 	case "run-code":
 		return a.runCode(ctx, rest)
+	case "snapshot", "snapshots", "snap":
+		return a.snapshot(ctx, rest)
+	case "fork":
+		return a.fork(ctx, rest)
+	case "rollback":
+		return a.rollback(ctx, rest)
+	case "merge":
+		return a.merge(ctx, rest)
+	case "pause":
+		return a.pause(ctx, rest)
+	case "resume":
+		return a.resume(ctx, rest)
 	default:
 		return &usageError{msg: fmt.Sprintf("unknown command %q", cmd), usage: usageMain}
 	}
@@ -149,6 +161,30 @@ func helpFor(topic []string) error {
 		return &helpRequest{usage: usageExec}
 	case "run-code":
 		return &helpRequest{usage: usageRunCode}
+	case "snapshot", "snapshots", "snap":
+		return &helpRequest{usage: usageSnapshot}
+	case "snapshot create":
+		return &helpRequest{usage: usageSnapshotCreate}
+	case "snapshot list":
+		return &helpRequest{usage: usageSnapshotList}
+	case "snapshot get":
+		return &helpRequest{usage: usageSnapshotGet}
+	case "snapshot tree":
+		return &helpRequest{usage: usageSnapshotTree}
+	case "snapshot rm":
+		return &helpRequest{usage: usageSnapshotRemove}
+	case "snapshot usage":
+		return &helpRequest{usage: usageSnapshotUsage}
+	case "fork":
+		return &helpRequest{usage: usageFork}
+	case "rollback":
+		return &helpRequest{usage: usageRollback}
+	case "merge":
+		return &helpRequest{usage: usageMerge}
+	case "pause":
+		return &helpRequest{usage: usagePause}
+	case "resume":
+		return &helpRequest{usage: usageResume}
 	}
 	return &usageError{msg: fmt.Sprintf("no help for %q", strings.Join(topic, " ")), usage: usageMain}
 }

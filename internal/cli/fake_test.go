@@ -33,6 +33,7 @@ type fakeDaemon struct {
 	mu       sync.Mutex
 	requests []*recorded
 	pages    []listPage // GET /v2/sandboxes answers, by page
+	snaps    []listPage // GET /snapshots answers, by page
 	execute  string     // POST /execute NDJSON answer
 }
 
@@ -60,6 +61,7 @@ func newFakeDaemon(t *testing.T) *fakeDaemon {
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", d.connect)
 	mux.HandleFunc("DELETE /sandboxes/{id}", d.kill)
 	mux.HandleFunc("POST /execute", d.executeHandler)
+	d.forkFirstRoutes(mux)
 	d.srv = httptest.NewServer(d.record(mux))
 	t.Cleanup(d.srv.Close)
 	return d
@@ -113,6 +115,12 @@ func (d *fakeDaemon) list(w http.ResponseWriter, r *http.Request) {
 	d.mu.Lock()
 	pages := d.pages
 	d.mu.Unlock()
+	servePages(w, r, pages)
+}
+
+// servePages answers a paged listing: the nextToken's last digit is the
+// page index.
+func servePages(w http.ResponseWriter, r *http.Request, pages []listPage) {
 	i := 0
 	if tok := r.URL.Query().Get("nextToken"); tok != "" {
 		i = int(tok[len(tok)-1] - '0')
@@ -132,6 +140,9 @@ func (d *fakeDaemon) connect(w http.ResponseWriter, r *http.Request) {
 	if id == "missing" {
 		writeError(w, http.StatusNotFound, "sandbox missing not found")
 		return
+	}
+	if id == "paused" { // resumed: 201, as the daemon answers
+		w.WriteHeader(http.StatusCreated)
 	}
 	io.WriteString(w, `{"templateID":"base","sandboxID":"`+id+`","clientID":"local","envdVersion":"0.6.13","envdAccessToken":"envd-token"}`)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -46,6 +47,7 @@ func (a *app) sandboxCreate(ctx context.Context, args []string) error {
 	fs := a.flagSet("sandbox create")
 	var env, meta kvFlag
 	template := fs.String("template", "base", "")
+	snapshot := fs.String("snapshot", "", "")
 	timeout := fs.Int("timeout", 300, "")
 	fs.Var(&env, "env", "")
 	fs.Var(&meta, "metadata", "")
@@ -55,6 +57,19 @@ func (a *app) sandboxCreate(ctx context.Context, args []string) error {
 	}
 	if len(pos) > 0 {
 		return &usageError{msg: fmt.Sprintf("unexpected argument %q", pos[0]), usage: usageCreate}
+	}
+	// --snapshot is --template by another name: the daemon takes a
+	// snapshot's id or name as templateID.
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["snapshot"] {
+		if set["template"] {
+			return &usageError{msg: "--template and --snapshot are mutually exclusive", usage: usageCreate}
+		}
+		*template = *snapshot
+	}
+	if *template == "" {
+		return &usageError{msg: "--template must not be empty", usage: usageCreate}
 	}
 	if *timeout <= 0 {
 		return &usageError{msg: "--timeout must be positive", usage: usageCreate}
@@ -148,13 +163,19 @@ func listQuery(state string, meta map[string]string) url.Values {
 	return q
 }
 
-// listAll fetches every page, following X-Next-Token.
+// listAll fetches every page of GET /v2/sandboxes.
 func (c *apiClient) listAll(ctx context.Context, q url.Values) ([]json.RawMessage, error) {
+	return c.listPages(ctx, "/v2/sandboxes", "sandboxes", q)
+}
+
+// listPages fetches every page of a JSON-array listing at path, following
+// X-Next-Token. what names the listing in errors.
+func (c *apiClient) listPages(ctx context.Context, path, what string, q url.Values) ([]json.RawMessage, error) {
 	all := []json.RawMessage{}
 	seen := map[string]bool{}
 	for range maxListPages {
 		var page []json.RawMessage
-		h, err := c.do(ctx, http.MethodGet, "/v2/sandboxes", q, nil, &page)
+		h, err := c.do(ctx, http.MethodGet, path, q, nil, &page)
 		if err != nil {
 			return nil, err
 		}
@@ -164,12 +185,12 @@ func (c *apiClient) listAll(ctx context.Context, q url.Values) ([]json.RawMessag
 			return all, nil
 		}
 		if seen[next] {
-			return nil, fmt.Errorf("listing sandboxes: daemon repeated page token %q", next)
+			return nil, fmt.Errorf("listing %s: daemon repeated page token %q", what, next)
 		}
 		seen[next] = true
 		q.Set("nextToken", next)
 	}
-	return nil, fmt.Errorf("listing sandboxes: more than %d pages", maxListPages)
+	return nil, fmt.Errorf("listing %s: more than %d pages", what, maxListPages)
 }
 
 func (a *app) printSandboxTable(items []json.RawMessage) error {

@@ -16,13 +16,22 @@ Commands:
   sandbox kill ID...            kill sandboxes
   exec ID -- CMD [ARGS...]      run a command in a sandbox, streaming its output
   run-code ID CODE|-            run code in a sandbox's code interpreter
+  snapshot create ID            snapshot a sandbox and print the snapshot id
+  snapshot list|tree            list snapshots, as a table or as a tree
+  snapshot rm SNAPSHOT...       delete snapshots
+  snapshot usage                show the disk snapshots use
+  fork ID [-n N]                fork a running sandbox and print the children's ids
+  rollback ID SNAPSHOT          restore a sandbox in place to a snapshot
+  merge PARENT CHILD            make a fork child's state its parent's
+  pause ID [--spill]            pause a sandbox
+  resume ID                     resume a paused sandbox
   help [command]                show help for a command
 
 ` + globalFlags
 
 const usageSandbox = `Usage: cellfork sandbox <create|list|kill> [flags]
 
-  create [--template base] [--timeout 300] [--env K=V]... [--metadata K=V]...
+  create [--template base|--snapshot SNAP] [--timeout 300] [--env K=V]... [--metadata K=V]...
   list   [--state running,paused] [--metadata K=V]...
   kill   ID...
 
@@ -30,9 +39,11 @@ const usageSandbox = `Usage: cellfork sandbox <create|list|kill> [flags]
 
 const usageCreate = `Usage: cellfork sandbox create [flags]
 
-Creates a sandbox and prints its id (--json: the full create response).
+Creates a sandbox and prints its id (--json: the full create response,
+including bootMode: pool, restore, boot or fork).
 
   --template NAME   template to start from (default base)
+  --snapshot SNAP   snapshot (id or name) to start from; the same as --template
   --timeout SECS    seconds until the sandbox times out (default 300)
   --env K=V         environment variable for the sandbox (repeatable)
   --metadata K=V    metadata to attach (repeatable)
@@ -79,5 +90,109 @@ traceback to stderr and exits 1. --json prints the NDJSON events.
   --context ID      code context to run in (excludes --language)
   --env K=V         environment variable for this execution (repeatable)
   --timeout SECS    execution timeout (default 300, 0 = none)
+
+` + globalFlags
+
+const usageSnapshot = `Usage: cellfork snapshot <create|list|get|tree|rm|usage> [flags]
+
+  create ID [--name NAME]
+  list   [--sandbox ID] [--name NAME]
+  get    SNAPSHOT
+  tree
+  rm     SNAPSHOT...
+  usage
+
+A snapshot is a sandbox's whole state (memory, processes, files). Start a new
+sandbox from one with: cellfork sandbox create --snapshot SNAPSHOT
+
+` + globalFlags
+
+const usageSnapshotCreate = `Usage: cellfork snapshot create [flags] ID
+
+Snapshots sandbox ID (which keeps running) and prints the snapshot id
+(--json: the snapshot).
+
+  --name NAME       a name to find the snapshot by, in place of its id
+
+` + globalFlags
+
+const usageSnapshotList = `Usage: cellfork snapshot list [flags]
+
+Lists snapshots, oldest first, as a table (--json: a JSON array of all pages).
+
+  --sandbox ID      only snapshots taken of this sandbox
+  --name NAME       only snapshots with this name
+
+` + globalFlags
+
+const usageSnapshotGet = `Usage: cellfork snapshot get SNAPSHOT
+
+Shows one snapshot, by id or name (--json: the snapshot).
+
+` + globalFlags
+
+const usageSnapshotTree = `Usage: cellfork snapshot tree
+
+Shows all snapshots as a tree: each snapshot under its parent (the snapshot
+its sandbox was last started from, rolled back to or snapshotted as), with its
+names, size and the sandbox it was taken of. --json: the snapshots, each with
+a "children" array.
+
+` + globalFlags
+
+const usageSnapshotRemove = `Usage: cellfork snapshot rm SNAPSHOT...
+
+Deletes the given snapshots (ids or names) and prints each one deleted.
+A deleted snapshot's children move up to its parent.
+
+` + globalFlags
+
+const usageSnapshotUsage = `Usage: cellfork snapshot usage
+
+Shows how many snapshots there are and the disk they use, against the
+daemon's cap (--json: {totalBytes, capBytes, count}; capBytes 0 = no cap).
+
+` + globalFlags
+
+const usageFork = `Usage: cellfork fork [flags] ID
+
+Forks running sandbox ID into N children that start from its current state,
+and prints their ids, one a line. A child that failed to start is reported
+on stderr and makes the exit code 1. --json: the daemon's array of results.
+
+  -n N              number of children (default 1)
+  --timeout SECS    children's timeout (default: the daemon's)
+
+` + globalFlags
+
+const usageRollback = `Usage: cellfork rollback ID SNAPSHOT
+
+Restores sandbox ID in place to SNAPSHOT (an id or name from its tree): same
+id, same address, the snapshot's state. Prints the sandbox id (--json: the
+sandbox).
+
+` + globalFlags
+
+const usageMerge = `Usage: cellfork merge PARENT CHILD
+
+Makes fork child CHILD's state PARENT's: PARENT keeps its id and address,
+CHILD's id goes away. Prints PARENT's id (--json: the sandbox).
+
+` + globalFlags
+
+const usagePause = `Usage: cellfork pause [flags] ID
+
+Pauses sandbox ID and prints its id. Fails if it is paused already.
+
+  --spill           also write its state to disk now, freeing its memory
+
+` + globalFlags
+
+const usageResume = `Usage: cellfork resume [flags] ID
+
+Resumes sandbox ID if it is paused and prints its id; says so on stderr if it
+was running already. --json: the sandbox, with "resumed": true or false.
+
+  --timeout SECS    its new timeout from now (default: the daemon's)
 
 ` + globalFlags
