@@ -18,6 +18,7 @@ Commands:
   run-code ID CODE|-            run code in a sandbox's code interpreter
   snapshot create ID            snapshot a sandbox and print the snapshot id
   snapshot list|tree            list snapshots, as a table or as a tree
+  snapshot get SNAPSHOT         show one snapshot
   snapshot rm SNAPSHOT...       delete snapshots
   snapshot usage                show the disk snapshots use
   fork ID [-n N]                fork a running sandbox and print the children's ids
