@@ -37,6 +37,9 @@ from ._models import (
     Logs,
     Result,
     SandboxInfo,
+    SnapshotInfo,
+    SnapshotNode,
+    SnapshotRef,
     WriteInfo,
 )
 from ._version import __version__
@@ -62,6 +65,9 @@ __all__ = [
     "Logs",
     "Result",
     "SandboxInfo",
+    "SnapshotInfo",
+    "SnapshotNode",
+    "SnapshotRef",
     "WriteInfo",
     "CellforkError",
     "APIConnectionError",

@@ -28,11 +28,20 @@ import httpx
 
 from ._config import CODE_INTERPRETER_PORT, ENVD_PORT, Config
 from ._envelope import encode_envelope
-from ._exceptions import ProtocolError, error_from_response, parse_retry_after
+from ._exceptions import (
+    CellforkError,
+    ProtocolError,
+    error_from_response,
+    error_from_status,
+    parse_retry_after,
+)
 from ._models import (
     Context,
     EntryInfo,
     SandboxInfo,
+    SnapshotInfo,
+    SnapshotNode,
+    SnapshotRef,
     WriteInfo,
     parse_json_body,
 )
@@ -157,6 +166,21 @@ class CreatedSandbox:
     envd_version: str | None
     access_token: str | None
     traffic_access_token: str | None
+    # How the sandbox started: "pool", "restore", "boot" or "fork" (ours).
+    boot_mode: str | None = None
+
+
+def snapshot_id_of(snapshot: SnapshotRef) -> str:
+    """The id (or name) to send for a snapshot argument."""
+    if isinstance(snapshot, SnapshotNode):
+        snapshot = snapshot.snapshot
+    if isinstance(snapshot, SnapshotInfo):
+        return snapshot.id
+    if isinstance(snapshot, str) and snapshot:
+        return snapshot
+    raise TypeError(
+        f"snapshot must be a non-empty id or name, a SnapshotInfo or a SnapshotNode, not {snapshot!r}"
+    )
 
 
 class ApiCore:
@@ -183,12 +207,12 @@ class ApiCore:
         timeout: int | None,
         envs: Mapping[str, str] | None,
         metadata: Mapping[str, str] | None,
-        snapshot: str | None,
+        snapshot: SnapshotRef | None,
         request_timeout: float | None,
     ) -> RequestSpec:
         body: dict[str, Any] = {
-            # A snapshot is addressed like a template (a later feature).
-            "templateID": snapshot or template,
+            # A snapshot is addressed like a template (as in E2B).
+            "templateID": template if snapshot is None else snapshot_id_of(snapshot),
             "metadata": dict(metadata or {}),
             "envVars": dict(envs or {}),
         }
@@ -232,17 +256,104 @@ class ApiCore:
             timeout=self.timeout(request_timeout), idempotent=True,
         )
 
+    def list_snapshots_request(
+        self,
+        sandbox_id: str | None,
+        name: str | None,
+        limit: int | None,
+        next_token: str | None,
+        request_timeout: float | None,
+    ) -> RequestSpec:
+        params: dict[str, str] = {}
+        if sandbox_id:
+            params["sandboxID"] = sandbox_id
+        if name:
+            params["name"] = name
+        if limit is not None:
+            params["limit"] = str(limit)
+        if next_token:
+            params["nextToken"] = next_token
+        return RequestSpec(
+            "GET", "/snapshots", self.control_headers(), params=params,
+            timeout=self.timeout(request_timeout), idempotent=True,
+        )
+
+    def get_snapshot_request(
+        self, snapshot: SnapshotRef, request_timeout: float | None
+    ) -> RequestSpec:
+        return RequestSpec(
+            "GET", f"/snapshots/{_seg(snapshot_id_of(snapshot))}", self.control_headers(),
+            timeout=self.timeout(request_timeout), idempotent=True,
+        )
+
+    def delete_snapshot_request(
+        self, snapshot: SnapshotRef, request_timeout: float | None
+    ) -> RequestSpec:
+        return RequestSpec(
+            "DELETE", f"/snapshots/{_seg(snapshot_id_of(snapshot))}", self.control_headers(),
+            timeout=self.timeout(request_timeout), accept=frozenset({404}),
+        )
+
 
 def parse_created(response: httpx.Response) -> CreatedSandbox:
     data = parse_json_body(response.content, "sandbox")
     info = SandboxInfo.from_json(data)
+    return _created_from(data, info)
+
+
+def _created_from(data: dict[str, Any], info: SandboxInfo) -> CreatedSandbox:
     return CreatedSandbox(
         sandbox_id=info.sandbox_id,
         template_id=info.template_id,
         envd_version=info.envd_version,
         access_token=data.get("envdAccessToken") or None,
         traffic_access_token=data.get("trafficAccessToken") or None,
+        boot_mode=data.get("bootMode") or None,
     )
+
+
+def parse_snapshot(response: httpx.Response) -> SnapshotInfo:
+    return SnapshotInfo.from_json(parse_json_body(response.content, "snapshot"))
+
+
+def parse_snapshots(response: httpx.Response) -> tuple[list[SnapshotInfo], str | None]:
+    data = parse_json_body(response.content, "snapshot list")
+    if not isinstance(data, list):
+        raise ProtocolError("snapshot list: expected a JSON array")
+    return [SnapshotInfo.from_json(item) for item in data], response.headers.get("x-next-token") or None
+
+
+def parse_fork(response: httpx.Response) -> list[CreatedSandbox | CellforkError]:
+    """One entry per child: the child, or the error that child failed with
+    (E2B's ``SandboxForkResult``). A failed child does not fail the others."""
+    data = parse_json_body(response.content, "fork")
+    if not isinstance(data, list):
+        raise ProtocolError("fork: expected a JSON array")
+    rid = request_id(response)
+    out: list[CreatedSandbox | CellforkError] = []
+    for item in data:
+        if not isinstance(item, dict):
+            out.append(ProtocolError("fork: expected a JSON object per child", request_id=rid))
+            continue
+        sandbox, error = item.get("sandbox"), item.get("error")
+        if isinstance(error, dict):
+            code, message = error.get("code"), error.get("message")
+            status = code if isinstance(code, int) else 500
+            out.append(error_from_status(status, str(message or ""), request_id=rid))
+        elif isinstance(sandbox, dict):
+            try:
+                out.append(_created_from(sandbox, SandboxInfo.from_json(sandbox)))
+            except ProtocolError as exc:
+                exc.request_id = rid
+                out.append(exc)
+        else:
+            out.append(ProtocolError("fork: a child has neither sandbox nor error", request_id=rid))
+    return out
+
+
+def parse_paused(response: httpx.Response) -> bool:
+    """False for the accepted 409 of pause (it was paused already)."""
+    return response.status_code != 409
 
 
 def parse_list(response: httpx.Response) -> tuple[list[SandboxInfo], str | None]:
@@ -290,14 +401,64 @@ class SandboxCore(ApiCore):
             sandbox_lookup=True,
         )
 
-    # --- lineage: reserved --------------------------------------------------
-    # snapshot(name), fork(n), rollback(snapshot), pause(), merge(child) and
-    # the snapshot tree listing will be added here as builder/parser pairs
-    # (e.g. ``snapshot_request`` -> ``POST /sandboxes/{id}/snapshots``,
-    # ``fork_request`` -> ``POST /sandboxes/{id}/fork``, ``pause_request`` ->
-    # ``POST /sandboxes/{id}/pause``), each mirrored by one method per twin.
-    # ``Sandbox.create(snapshot=...)`` already starts a sandbox from a
-    # snapshot by passing it as the templateID.
+    # --- lineage -----------------------------------------------------------
+    # Snapshots, forks, rollback, pause and merge (cellfork's fork-first
+    # features; snapshot, fork and pause are E2B endpoints, rollback and
+    # merge ours). ``Sandbox.create(snapshot=...)`` starts a sandbox from a
+    # snapshot by passing it as the templateID, as E2B does.
+
+    def adopt(self, created: CreatedSandbox) -> None:
+        """Take the daemon's new description of this same sandbox (after a
+        rollback or merge: same id, new state)."""
+        if created.sandbox_id != self.sandbox_id:
+            raise ProtocolError(
+                f"the daemon answered for sandbox {created.sandbox_id!r}, not {self.sandbox_id!r}"
+            )
+        self.created = created
+
+    def snapshot_request(self, name: str | None, request_timeout: float | None) -> RequestSpec:
+        body: dict[str, Any] = {} if name is None else {"name": name}
+        return RequestSpec(
+            "POST", f"/sandboxes/{_seg(self.sandbox_id)}/snapshots", self.control_headers(),
+            json=body, timeout=self.timeout(request_timeout), sandbox_lookup=True,
+        )
+
+    def fork_request(self, n: int, timeout: int | None, request_timeout: float | None) -> RequestSpec:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive integer, not {n!r}")
+        body: dict[str, Any] = {"count": n}
+        if timeout is not None:
+            body["timeout"] = int(timeout)
+        return RequestSpec(
+            "POST", f"/sandboxes/{_seg(self.sandbox_id)}/fork", self.control_headers(),
+            json=body, timeout=self.timeout(request_timeout), sandbox_lookup=True,
+        )
+
+    def rollback_request(
+        self, snapshot: SnapshotRef, request_timeout: float | None
+    ) -> RequestSpec:
+        # Not a sandbox lookup: a 404 may name the snapshot instead.
+        return RequestSpec(
+            "POST", f"/sandboxes/{_seg(self.sandbox_id)}/rollback", self.control_headers(),
+            json={"snapshotID": snapshot_id_of(snapshot)}, timeout=self.timeout(request_timeout),
+        )
+
+    def pause_request(self, spill: bool, request_timeout: float | None) -> RequestSpec:
+        body: dict[str, Any] = {"spill": True} if spill else {}
+        return RequestSpec(
+            "POST", f"/sandboxes/{_seg(self.sandbox_id)}/pause", self.control_headers(),
+            json=body, timeout=self.timeout(request_timeout), sandbox_lookup=True,
+            accept=frozenset({409}),
+        )
+
+    def merge_request(self, child_id: str, request_timeout: float | None) -> RequestSpec:
+        if not isinstance(child_id, str) or not child_id:
+            raise TypeError(f"child must be a sandbox or a non-empty sandbox id, not {child_id!r}")
+        # Not a sandbox lookup: a 404 may name either sandbox.
+        return RequestSpec(
+            "POST", f"/sandboxes/{_seg(self.sandbox_id)}/merge", self.control_headers(),
+            json={"sandboxID": child_id}, timeout=self.timeout(request_timeout),
+        )
 
     # data plane: shared headers
 

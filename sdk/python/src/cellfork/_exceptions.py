@@ -247,6 +247,15 @@ def error_from_response(
     )
 
 
+def error_from_status(
+    status: int, message: str, *, request_id: str | None = None
+) -> CellforkError:
+    """Build the exception for an error reported inside a 2xx answer, such
+    as one failed child of a fork (``{"code": int, "message": str}``)."""
+    cls = class_for_status(status)
+    return cls(message or f"HTTP {status}", status_code=status, request_id=request_id)
+
+
 def error_from_connect(
     code: str, message: str, *, request_id: str | None = None
 ) -> CellforkError:

@@ -7,12 +7,15 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import Any, Iterable, Iterator, Union
 
 from ._exceptions import ProtocolError
 
 __all__ = [
     "SandboxInfo",
+    "SnapshotInfo",
+    "SnapshotNode",
+    "SnapshotRef",
     "Result",
     "Logs",
     "ExecutionError",
@@ -40,6 +43,17 @@ class SandboxInfo:
     disk_size_mb: int | None = None
     envd_version: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    # Lineage (cellfork extensions to E2B's SandboxDetail; None when the
+    # daemon does not say, e.g. in ``Sandbox.list()``):
+    #: how the sandbox started: "pool", "restore", "boot" or "fork"
+    boot_mode: str | None = None
+    #: the sandbox this one was forked from
+    parent_sandbox_id: str | None = None
+    #: the snapshot its state last came from (created from, rolled back to,
+    #: or last taken of it)
+    snapshot_id: str | None = None
+    #: what happens at the timeout: "kill" or "pause"
+    on_timeout: str | None = None
 
     @classmethod
     def from_json(cls, data: Any) -> "SandboxInfo":
@@ -56,7 +70,111 @@ class SandboxInfo:
             disk_size_mb=obj.get("diskSizeMB"),
             envd_version=obj.get("envdVersion"),
             metadata=dict(obj.get("metadata") or {}),
+            boot_mode=obj.get("bootMode") or None,
+            parent_sandbox_id=obj.get("parentSandboxID") or None,
+            snapshot_id=obj.get("snapshotID") or None,
+            on_timeout=_lifecycle_on_timeout(obj.get("lifecycle")),
         )
+
+
+@dataclass
+class SnapshotInfo:
+    """A saved sandbox state (memory, processes, files). Start sandboxes
+    from it with ``Sandbox.create(snapshot=...)`` or roll a sandbox of its
+    tree back to it with ``sb.rollback(...)``."""
+
+    id: str
+    names: list[str] = field(default_factory=list)
+    #: the snapshot the source sandbox's state came from (None for a root)
+    parent_id: str | None = None
+    #: the sandbox it was taken of
+    sandbox_id: str | None = None
+    template_id: str | None = None
+    size_bytes: int | None = None
+    created_at: datetime | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> "SnapshotInfo":
+        obj = _require_object(data, "snapshot")
+        size = obj.get("sizeBytes")
+        return cls(
+            id=_require_str(obj, "snapshotID"),
+            names=[str(n) for n in (obj.get("names") or [])],
+            parent_id=obj.get("parentID") or None,
+            sandbox_id=obj.get("sandboxID") or None,
+            template_id=obj.get("templateID") or None,
+            size_bytes=int(size) if isinstance(size, (int, float)) else None,
+            created_at=parse_time(obj.get("createdAt")),
+        )
+
+
+@dataclass
+class SnapshotNode:
+    """One snapshot in the tree returned by ``Sandbox.snapshot_tree()``,
+    with the snapshots taken of sandboxes that started from it."""
+
+    snapshot: SnapshotInfo
+    children: list["SnapshotNode"] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.snapshot.id
+
+    def walk(self) -> Iterator["SnapshotNode"]:
+        """This node and all its descendants, depth first, parents first."""
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children))
+
+
+#: A snapshot given by id, by name, or as the SDK returned it.
+SnapshotRef = Union[str, SnapshotInfo, SnapshotNode]
+
+
+def build_snapshot_tree(snapshots: Iterable[SnapshotInfo]) -> list[SnapshotNode]:
+    """Arrange snapshots into trees by ``parent_id``, oldest first at every
+    level. A snapshot whose parent is not among them (deleted, or filtered
+    out) is a root. Parent links that form a cycle, which a correct daemon
+    never reports, are cut: each member of the cycle becomes a root."""
+    nodes: dict[str, SnapshotNode] = {}
+    for snap in snapshots:
+        nodes.setdefault(snap.id, SnapshotNode(snap))
+
+    def parent_of(node: SnapshotNode) -> SnapshotNode | None:
+        pid = node.snapshot.parent_id
+        return nodes.get(pid) if pid else None
+
+    def in_cycle(node: SnapshotNode) -> bool:
+        seen: set[str] = set()
+        up = parent_of(node)
+        while up is not None and up.id not in seen:
+            if up.id == node.id:
+                return True
+            seen.add(up.id)
+            up = parent_of(up)
+        return False
+
+    roots: list[SnapshotNode] = []
+    for node in sorted(nodes.values(), key=_node_order):
+        parent = parent_of(node)
+        if parent is None or in_cycle(node):
+            roots.append(node)
+        else:
+            parent.children.append(node)
+    return roots
+
+
+def _node_order(node: SnapshotNode) -> tuple[float, str]:
+    when = node.snapshot.created_at
+    return (when.timestamp() if when is not None else float("-inf"), node.id)
+
+
+def _lifecycle_on_timeout(value: Any) -> str | None:
+    if isinstance(value, dict) and isinstance(value.get("onTimeout"), str):
+        return value["onTimeout"]
+    return None
 
 
 @dataclass

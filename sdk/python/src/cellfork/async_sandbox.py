@@ -25,17 +25,21 @@ from ._core import (
     parse_created,
     parse_dir_created,
     parse_entries,
+    parse_fork,
     parse_found,
     parse_healthy,
     parse_info,
     parse_list,
+    parse_paused,
     parse_read,
     parse_rpc,
+    parse_snapshot,
+    parse_snapshots,
     parse_write,
     request_id,
 )
 from ._envelope import EnvelopeDecoder, raise_for_end_stream
-from ._exceptions import CommandExitError, ProtocolError, TimeoutError
+from ._exceptions import CellforkError, CommandExitError, ProtocolError, TimeoutError
 from ._models import (
     CommandResult,
     Context,
@@ -44,7 +48,11 @@ from ._models import (
     ExecutionError,
     Result,
     SandboxInfo,
+    SnapshotInfo,
+    SnapshotNode,
+    SnapshotRef,
     WriteInfo,
+    build_snapshot_tree,
 )
 from ._ndjson import NDJSONDecoder
 from ._streams import ExecutionAccumulator, ProcessAccumulator
@@ -70,6 +78,13 @@ class AsyncSandbox:
     def sandbox_id(self) -> str:
         return self._core.sandbox_id
 
+    @property
+    def boot_mode(self) -> str | None:
+        """How the daemon started this sandbox: ``"pool"`` (a ready one
+        was handed out), ``"restore"`` (from a snapshot or warm image),
+        ``"boot"`` or ``"fork"``; None if it did not say."""
+        return self._core.created.boot_mode
+
     def __repr__(self) -> str:
         return f"AsyncSandbox(sandbox_id={self.sandbox_id!r})"
 
@@ -91,7 +106,7 @@ class AsyncSandbox:
         timeout: int | None = DEFAULT_SANDBOX_TIMEOUT,
         envs: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
-        snapshot: str | None = None,
+        snapshot: SnapshotRef | None = None,
         *,
         base_url: str | None = None,
         api_key: str | None = None,
@@ -99,8 +114,10 @@ class AsyncSandbox:
         max_retries: int | None = None,
         transport: Transport | None = None,
     ) -> "AsyncSandbox":
-        """Start a sandbox from ``template`` (or from ``snapshot``) that
-        lives ``timeout`` seconds unless extended with :meth:`set_timeout`."""
+        """Start a sandbox from ``template`` (or from ``snapshot``: an id,
+        a name or a :class:`SnapshotInfo`, restoring its exact state: memory,
+        processes, files) that lives ``timeout`` seconds unless extended
+        with :meth:`set_timeout`."""
         config = resolve_config(base_url=base_url, api_key=api_key, request_timeout=request_timeout,
                                 max_retries=max_retries, transport=transport)
         api = ApiCore(config)
@@ -167,6 +184,110 @@ class AsyncSandbox:
         finally:
             await http.close()
 
+    @classmethod
+    def _api(
+        cls,
+        base_url: str | None,
+        api_key: str | None,
+        request_timeout: float | None,
+        max_retries: int | None,
+        transport: Transport | None,
+    ) -> tuple[ApiCore, AsyncHTTP]:
+        config = resolve_config(base_url=base_url, api_key=api_key, request_timeout=request_timeout,
+                                max_retries=max_retries, transport=transport)
+        api = ApiCore(config)
+        return api, AsyncHTTP(config, api.retry_policy())
+
+    @classmethod
+    async def list_snapshots(
+        cls,
+        sandbox_id: str | None = None,
+        name: str | None = None,
+        *,
+        limit: int | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        request_timeout: float | None = None,
+        max_retries: int | None = None,
+        transport: Transport | None = None,
+    ) -> list[SnapshotInfo]:
+        """All snapshots (following pagination), oldest first, optionally
+        only those taken of ``sandbox_id`` or carrying ``name``; at most
+        ``limit``."""
+        api, http = cls._api(base_url, api_key, request_timeout, max_retries, transport)
+        out: list[SnapshotInfo] = []
+        token: str | None = None
+        seen: set[str] = set()
+        try:
+            while True:
+                spec = api.list_snapshots_request(sandbox_id, name, limit, token, request_timeout)
+                page, token = parse_snapshots(await http.request(spec))
+                out += page
+                if not token or (limit is not None and len(out) >= limit):
+                    return out if limit is None else out[:limit]
+                if token in seen:
+                    raise ProtocolError(f"snapshot list: the daemon repeated page token {token!r}")
+                seen.add(token)
+        finally:
+            await http.close()
+
+    @classmethod
+    async def get_snapshot(
+        cls,
+        snapshot: SnapshotRef,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        request_timeout: float | None = None,
+        max_retries: int | None = None,
+        transport: Transport | None = None,
+    ) -> SnapshotInfo:
+        """One snapshot, by id or name. Raises :class:`NotFoundError` if
+        there is none."""
+        api, http = cls._api(base_url, api_key, request_timeout, max_retries, transport)
+        try:
+            return parse_snapshot(await http.request(api.get_snapshot_request(snapshot, request_timeout)))
+        finally:
+            await http.close()
+
+    @classmethod
+    async def delete_snapshot(
+        cls,
+        snapshot: SnapshotRef,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        request_timeout: float | None = None,
+        max_retries: int | None = None,
+        transport: Transport | None = None,
+    ) -> bool:
+        """Delete a snapshot (by id or name). Returns False if there was
+        none. Its children in the tree move up to its parent; sandboxes
+        started from it keep running."""
+        api, http = cls._api(base_url, api_key, request_timeout, max_retries, transport)
+        try:
+            return parse_found(await http.request(api.delete_snapshot_request(snapshot, request_timeout)))
+        finally:
+            await http.close()
+
+    @classmethod
+    async def snapshot_tree(
+        cls,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        request_timeout: float | None = None,
+        max_retries: int | None = None,
+        transport: Transport | None = None,
+    ) -> list[SnapshotNode]:
+        """Every snapshot, arranged in trees by parent: the roots, each
+        with its ``children`` (oldest first)."""
+        snapshots = await cls.list_snapshots(
+            base_url=base_url, api_key=api_key, request_timeout=request_timeout,
+            max_retries=max_retries, transport=transport,
+        )
+        return build_snapshot_tree(snapshots)
+
     async def kill(self, *, request_timeout: float | None = None) -> bool:
         """Kill the sandbox. Returns False if it was already gone."""
         return parse_found(await self._http.request(self._core.kill_request(request_timeout)))
@@ -181,6 +302,55 @@ class AsyncSandbox:
     async def is_running(self, *, request_timeout: float | None = None) -> bool:
         """True if the sandbox answers its health check."""
         return parse_healthy(await self._http.request(self._core.health_request(request_timeout)))
+
+    # --- lineage -----------------------------------------------------------
+
+    async def snapshot(self, name: str | None = None, *, request_timeout: float | None = None) -> SnapshotInfo:
+        """Save the sandbox's whole state (memory, processes, files) as a
+        new snapshot; the sandbox keeps running. ``name`` must be unique."""
+        return parse_snapshot(await self._http.request(self._core.snapshot_request(name, request_timeout)))
+
+    async def fork(
+        self, n: int = 1, timeout: int | None = None, *, request_timeout: float | None = None
+    ) -> "list[AsyncSandbox | CellforkError]":
+        """Make ``n`` independent copies of the sandbox as it is now (the
+        sandbox keeps running), each living ``timeout`` seconds (default:
+        the daemon's). One entry per child: a sandbox, or the exception that
+        child failed with (returned, not raised); the others still start."""
+        spec = self._core.fork_request(n, timeout, request_timeout)
+        results = parse_fork(await self._http.request(spec))
+        config = self._core.config
+        out: "list[AsyncSandbox | CellforkError]" = []
+        for res in results:
+            if isinstance(res, CellforkError):
+                out.append(res)
+            else:
+                http = AsyncHTTP(config, self._core.retry_policy())
+                out.append(type(self)(SandboxCore(config, res), http))
+        return out
+
+    async def rollback(self, snapshot: SnapshotRef, *, request_timeout: float | None = None) -> None:
+        """Put the sandbox back to ``snapshot`` (id, name or
+        :class:`SnapshotInfo`) in place: same id and address, the
+        snapshot's memory, processes and files. The snapshot must be in this
+        sandbox's tree. A failed rollback leaves the sandbox as it was."""
+        created = parse_created(await self._http.request(self._core.rollback_request(snapshot, request_timeout)))
+        self._core.adopt(created)
+
+    async def pause(self, spill: bool = False, *, request_timeout: float | None = None) -> bool:
+        """Freeze the sandbox: its processes stop and its timeout no longer
+        runs; :meth:`connect` resumes it exactly. After a while the daemon
+        moves a paused sandbox to disk; ``spill=True`` does so now, freeing
+        its memory. Returns False if it was already paused."""
+        return parse_paused(await self._http.request(self._core.pause_request(spill, request_timeout)))
+
+    async def merge(self, child: "AsyncSandbox | str", *, request_timeout: float | None = None) -> None:
+        """Make a fork child's state this sandbox's, keeping this sandbox's
+        id and address. The child's id goes away (its ``kill()`` then
+        returns False); other children are untouched."""
+        child_id = getattr(child, "sandbox_id", child)
+        created = parse_created(await self._http.request(self._core.merge_request(child_id, request_timeout)))
+        self._core.adopt(created)
 
     async def close(self) -> None:
         """Release the HTTP connections (the sandbox keeps running)."""

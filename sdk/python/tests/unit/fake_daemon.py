@@ -64,6 +64,10 @@ class FakeDaemon:
     page_size: int = 2
     chunk_size: int | None = None  # split streamed bodies into chunks of this size
     counter: int = 0
+    # Lineage: snapshots by id (insertion order = creation order), and the
+    # indexes of fork children that fail (with this error body).
+    snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)
+    fork_failures: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
@@ -92,15 +96,20 @@ class FakeDaemon:
         method = request.method
         if method == "POST" and parts == ["v2", "sandboxes"]:
             body = json.loads(request.content)
-            self.counter += 1
-            sid = f"sbx{self.counter}"
-            self.sandboxes[sid] = {"templateID": body["templateID"], "metadata": body["metadata"],
-                                   "timeout": body.get("timeout")}
+            snap = self._find_snapshot(body["templateID"])
+            sid = self._new_sandbox(body["templateID"], body["metadata"], body.get("timeout"),
+                                    "restore" if snap else "pool")
+            if snap:
+                self.sandboxes[sid]["base"] = snap["snapshotID"]
             return _json(201, self._sandbox(sid))
         if method == "POST" and parts[:2] == ["v2", "sandboxes"] and parts[3:] == ["connect"]:
             if parts[2] not in self.sandboxes:
                 return _json(404, {"code": 404, "message": f"sandbox {parts[2]} not found"})
-            return _json(200, self._sandbox(parts[2]))
+            sb = self.sandboxes[parts[2]]
+            resumed, sb["paused"] = sb.get("paused", False), False
+            return _json(201 if resumed else 200, self._sandbox(parts[2]))
+        if parts[0] == "snapshots":
+            return self.snapshot_endpoints(request, parts)
         if method == "GET" and parts == ["v2", "sandboxes"]:
             ids = sorted(self.sandboxes)
             start = int(request.url.params.get("nextToken") or 0)
@@ -121,19 +130,116 @@ class FakeDaemon:
             if method == "POST" and parts[2:] == ["timeout"]:
                 self.sandboxes[sid]["timeout"] = json.loads(request.content)["timeout"]
                 return httpx.Response(204)
+            if method == "POST" and len(parts) == 3:
+                return self.lineage(sid, parts[2], json.loads(request.content or b"{}"))
+        return _json(404, {"code": 404, "message": "no route"})
+
+    def _new_sandbox(self, template: str, metadata: dict[str, str], timeout: Any,
+                     boot_mode: str, parent: str | None = None) -> str:
+        self.counter += 1
+        sid = f"sbx{self.counter}"
+        self.sandboxes[sid] = {"templateID": template, "metadata": metadata, "timeout": timeout,
+                               "bootMode": boot_mode, "parent": parent, "paused": False}
+        return sid
+
+    def _find_snapshot(self, id_or_name: str) -> dict[str, Any] | None:
+        for snap in self.snapshots.values():
+            if id_or_name == snap["snapshotID"] or id_or_name in snap["names"]:
+                return snap
+        return None
+
+    def lineage(self, sid: str, action: str, body: dict[str, Any]) -> httpx.Response:
+        sb = self.sandboxes[sid]
+        if action == "pause":
+            if sb["paused"]:
+                return _json(409, {"code": 409, "message": f"sandbox {sid} is already paused"})
+            sb["paused"], sb["spilled"] = True, bool(body.get("spill"))
+            return httpx.Response(204)
+        if action == "snapshots":
+            name = body.get("name")
+            if name and self._find_snapshot(name):
+                return _json(409, {"code": 409, "message": f"a snapshot named {name} exists"})
+            snap_id = f"snap{len(self.snapshots) + 1}"
+            self.snapshots[snap_id] = {
+                "snapshotID": snap_id, "names": [name] if name else [],
+                "parentID": sb.get("base"), "sandboxID": sid, "templateID": sb["templateID"],
+                "sizeBytes": 1000 * len(self.snapshots),
+                "createdAt": f"2026-01-02T03:04:{len(self.snapshots):02d}.5Z",
+            }
+            sb["base"] = snap_id
+            return _json(201, self.snapshots[snap_id])
+        if action == "fork":
+            out: list[dict[str, Any]] = []
+            for i in range(body.get("count", 1)):
+                if i in self.fork_failures:
+                    out.append({"error": self.fork_failures[i]})
+                    continue
+                child = self._new_sandbox(sb["templateID"], sb["metadata"], body.get("timeout"),
+                                          "fork", parent=sid)
+                self.sandboxes[child]["base"] = sb.get("base")
+                out.append({"sandbox": self._sandbox(child)})
+            return _json(201, out)
+        if action == "rollback":
+            snap = self._find_snapshot(body["snapshotID"])
+            if snap is None:
+                return _json(404, {"code": 404, "message": f"snapshot {body['snapshotID']} not found"})
+            sb["base"] = snap["snapshotID"]
+            return _json(200, self._sandbox(sid))
+        if action == "merge":
+            child = body["sandboxID"]
+            if child not in self.sandboxes:
+                return _json(404, {"code": 404, "message": f"sandbox {child} not found"})
+            if self.sandboxes[child]["parent"] != sid:
+                return _json(409, {"code": 409, "message": f"{child} is not a fork child of {sid}"})
+            sb["base"] = self.sandboxes.pop(child).get("base")
+            return _json(200, self._sandbox(sid))
+        return _json(404, {"code": 404, "message": "no route"})
+
+    def snapshot_endpoints(self, request: httpx.Request, parts: list[str]) -> httpx.Response:
+        if request.method == "GET" and len(parts) == 1:
+            q = request.url.params
+            snaps = [s for s in self.snapshots.values()
+                     if ("sandboxID" not in q or s["sandboxID"] == q["sandboxID"])
+                     and ("name" not in q or q["name"] in s["names"])]
+            start = int(q.get("nextToken") or 0)
+            size = int(q.get("limit") or self.page_size)
+            headers = {}
+            if start + size < len(snaps):
+                headers["X-Next-Token"] = str(start + size)
+            return _json(200, snaps[start : start + size], headers)
+        snap = self._find_snapshot(parts[1]) if len(parts) == 2 else None
+        if snap is None:
+            return _json(404, {"code": 404, "message": f"snapshot {parts[-1]} not found"})
+        if request.method == "GET":
+            return _json(200, snap)
+        if request.method == "DELETE":
+            for other in self.snapshots.values():
+                if other["parentID"] == snap["snapshotID"]:
+                    other["parentID"] = snap["parentID"]
+            del self.snapshots[snap["snapshotID"]]
+            return httpx.Response(204)
         return _json(404, {"code": 404, "message": "no route"})
 
     def _sandbox(self, sid: str) -> dict[str, Any]:
-        return {"templateID": self.sandboxes[sid]["templateID"], "sandboxID": sid,
+        sb = self.sandboxes[sid]
+        return {"templateID": sb["templateID"], "sandboxID": sid,
                 "clientID": "local", "envdVersion": "0.6.13", "envdAccessToken": TOKEN,
-                "domain": None}
+                "domain": None, "bootMode": sb.get("bootMode")}
 
     def _detail(self, sid: str) -> dict[str, Any]:
-        return self._sandbox(sid) | {
+        sb = self.sandboxes[sid]
+        detail = self._sandbox(sid) | {
             "startedAt": "2026-01-02T03:04:05.123456789Z", "endAt": "2026-01-02T03:09:05Z",
-            "cpuCount": 2, "memoryMB": 512, "diskSizeMB": 1024, "state": "running",
-            "metadata": self.sandboxes[sid]["metadata"],
+            "cpuCount": 2, "memoryMB": 512, "diskSizeMB": 1024,
+            "state": "paused" if sb.get("paused") else "running",
+            "metadata": sb["metadata"],
+            "lifecycle": {"autoResume": False, "onTimeout": "kill"},
         }
+        if sb.get("parent"):
+            detail["parentSandboxID"] = sb["parent"]
+        if sb.get("base"):
+            detail["snapshotID"] = sb["base"]
+        return detail
 
     # --- envd ---
 
