@@ -316,7 +316,7 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		{name: "create autoPause", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"nope","autoPause":true}`, headers: key, want: 404},
 		{name: "create big cpu", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","cpuCount":64}`, headers: key, want: 400},
 		{name: "create from snapshot name, big cpu", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"first","cpuCount":64}`, headers: key, want: 400},
-		{name: "create from snapshot id, bad timeout", method: "POST", path: "/sandboxes", body: `{"templateID":"snapaaaaaaaaaaaaaaaa","timeout":0}`, headers: key, want: 400},
+		{name: "create from snapshot id, small memory", method: "POST", path: "/sandboxes", body: `{"templateID":"snapaaaaaaaaaaaaaaaa","memoryMB":64}`, headers: key, want: 400},
 		{name: "create unknown template", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"nope","extra":{"a":1}}`, headers: key, want: 404},
 		{name: "get unknown", method: "GET", path: "/sandboxes/abc", specPath: "/sandboxes/{id}", headers: key, want: 404},
 		{name: "kill unknown", method: "DELETE", path: "/sandboxes/abc", specPath: "/sandboxes/{id}", headers: key, want: 404},
