@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"encoding/base64"
 	"net/http"
 	"slices"
@@ -25,7 +26,8 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	}
 	id := r.PathValue("id")
 	err := s.m.Pause(r.Context(), id)
-	if err == nil && b.Spill {
+	if b.Spill && (err == nil || errors.Is(err, errdefs.ErrAlreadyExists)) {
+		// Spilling a sandbox that is already paused moves it to disk now.
 		err = s.m.Spill(r.Context(), id)
 	}
 	if err != nil {

@@ -154,6 +154,12 @@ func (m *Manager) destroyBox(ctx context.Context, b *box) error {
 	return nil
 }
 
+// destroyRuntime frees what a runtime id holds when there is no box value
+// for it (reconcile): the runsc container, its network, its bundle.
+func (m *Manager) destroyRuntime(ctx context.Context, rid string) error {
+	return errors.Join(m.rt.Destroy(ctx, rid), netns.Remove(m.netName(rid)), os.RemoveAll(m.bundleDir(rid)))
+}
+
 // waitAgent waits until the agent in b accepts connections. A restored
 // agent answers at once; a booting one within tens of milliseconds.
 func waitAgent(ctx context.Context, b *box) error {

@@ -4,9 +4,9 @@
 package manager
 
 import (
-	"crypto/sha256"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -29,7 +29,6 @@ const (
 	EnvdPort            = 49983
 	CodeInterpreterPort = 49999
 )
-
 
 // Config is the manager's part of the daemon configuration.
 type Config struct {

@@ -55,7 +55,9 @@ func (m *Manager) scheduleSpill(l *Live) {
 }
 
 // Spill writes a frozen sandbox's state to disk and frees its memory. It
-// does nothing to a running sandbox or one already on disk.
+// does nothing to a running sandbox or one already on disk. The frozen box
+// stays until the image is recorded (a checkpoint of a paused sandbox
+// leaves it paused), so a crash at any point leaves one complete state.
 func (m *Manager) Spill(ctx context.Context, id string) error {
 	l, err := m.locked(id)
 	if err != nil {
@@ -67,7 +69,7 @@ func (m *Manager) Spill(ctx context.Context, id string) error {
 	}
 	t0 := time.Now()
 	img := m.pausedDir(id)
-	if err := m.checkpointInto(ctx, l.box.rid, img, false); err != nil {
+	if err := m.checkpointInto(ctx, l.box.rid, img, true); err != nil {
 		return err
 	}
 	old := l.box

@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,7 +27,10 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	keep := map[string]bool{} // runtime ids and image paths in use
 	for _, rec := range recs {
 		if m.adopt(ctx, rec) {
-			keep[rec.RuntimeID], keep[rec.PausedImage] = true, true
+			keep[rec.PausedImage] = true
+			if rec.PausedImage == "" {
+				keep[rec.RuntimeID] = true
+			}
 			continue
 		}
 		m.log.Warn("removing sandbox that did not survive", "sandbox.id", rec.ID)
@@ -91,20 +95,38 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 	return nil
 }
 
-// adopt takes over a recorded sandbox that is still there.
+// complete reports whether dir holds a finished checkpoint image.
+func complete(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "checkpoint.img"))
+	return dir != "" && err == nil
+}
+
+// adopt takes over a recorded sandbox that is still there, trusting what
+// it finds over the record where a crash fell between the two: a sandbox
+// frozen but recorded as running is paused; a paused sandbox whose image
+// was written but not yet recorded is paused on disk.
 func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox) bool {
-	if rec.State == sandbox.StatePaused && rec.PausedImage != "" {
-		if _, err := os.Stat(filepath.Join(rec.PausedImage, "checkpoint.img")); err != nil {
-			return false
+	if rec.State == sandbox.StatePaused {
+		img := cmp.Or(rec.PausedImage, m.pausedDir(rec.ID))
+		if complete(img) {
+			if rec.PausedImage == "" {
+				rec.PausedImage = img
+				_ = m.st.Put(ctx, rec)
+			}
+			_ = m.destroyRuntime(ctx, rec.RuntimeID) // a frozen copy may remain
+			m.register(&Live{rec: rec})
+			m.log.Info("adopted sandbox paused on disk", "sandbox.id", rec.ID)
+			return true
 		}
-		m.register(&Live{rec: rec})
-		m.log.Info("adopted sandbox paused on disk", "sandbox.id", rec.ID)
-		return true
 	}
 	state, err := m.rt.State(ctx, rec.RuntimeID)
-	want := map[sandbox.State]string{sandbox.StateRunning: "running", sandbox.StatePaused: "paused"}[rec.State]
-	if err != nil || state != want {
+	if err != nil || (state != "running" && state != "paused") {
 		return false
+	}
+	if want := sandbox.State(state); rec.State != want {
+		m.log.Warn("sandbox state differs from its record; keeping what runs", "sandbox.id", rec.ID, "record", rec.State, "runtime", state)
+		rec.State = want
+		_ = m.st.Put(ctx, rec)
 	}
 	n, err := netns.Open(m.netName(rec.RuntimeID))
 	if err != nil {
@@ -112,7 +134,6 @@ func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox) bool {
 	}
 	limits := sandbox.Limits{CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, PidsMax: m.cfg.DefaultLimits.PidsMax}
 	b := &box{rid: rec.RuntimeID, rootfs: rec.Rootfs, limits: limits, net: n, transport: newTransport(n)}
-	l := &Live{rec: rec, box: b}
 	if rec.State == sandbox.StateRunning {
 		// The agent must still answer, or the sandbox is of no use.
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -124,7 +145,7 @@ func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox) bool {
 		}
 		c.Close()
 	}
-	m.register(l)
+	m.register(&Live{rec: rec, box: b})
 	m.log.Info("adopted sandbox", "sandbox.id", rec.ID, "state", rec.State)
 	return true
 }

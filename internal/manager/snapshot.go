@@ -148,6 +148,20 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, idOrName string) error {
 	if err := m.st.DeleteSnapshot(ctx, sn.ID); err != nil {
 		return err
 	}
+	// Sandboxes based on it now descend from its parent.
+	m.mu.Lock()
+	lives := slices.Collect(maps.Values(m.live))
+	m.mu.Unlock()
+	for _, l := range lives {
+		l.mu.Lock()
+		if !l.dead && l.rec.BaseSnapshot == sn.ID {
+			l.rec.BaseSnapshot = sn.ParentID
+			if err := m.st.Put(ctx, l.rec); err != nil {
+				m.log.Warn("re-basing sandbox", "sandbox.id", l.rec.ID, "err", err)
+			}
+		}
+		l.mu.Unlock()
+	}
 	m.images.remove(sn.Image)
 	m.log.Info("snapshot deleted", "snapshot.id", sn.ID)
 	return nil

@@ -109,8 +109,9 @@ func TestSnapshotCreateFromSnapshot(t *testing.T) {
 	sid := snapshotOf(t, parent.SandboxID, name)
 	check(t, parent, st) // the parent keeps running, unchanged
 
+	var child sandboxInfo
 	for _, tmpl := range []string{sid, name} { // by id and by name
-		child := create(t, map[string]any{"templateID": tmpl})
+		child = create(t, map[string]any{"templateID": tmpl})
 		check(t, child, st)
 		if out, _, _ := run(t, child, "", "echo $FROM"); out != "parent\n" {
 			t.Errorf("env vars not inherited from the snapshot: %q", out)
@@ -132,6 +133,9 @@ func TestSnapshotCreateFromSnapshot(t *testing.T) {
 	}
 	if r := call(t, "DELETE", "/templates/"+sid, nil); r.status != 404 {
 		t.Errorf("second delete: %d", r.status)
+	}
+	if base := info(t, child.SandboxID)["snapshotID"]; base == sid {
+		t.Errorf("sandbox still based on the deleted snapshot %v", base)
 	}
 	if r := call(t, "POST", "/v2/sandboxes", map[string]any{"templateID": sid}); r.status != 404 {
 		t.Errorf("create from a deleted snapshot: %d %s", r.status, r.body)

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/sandbox"
@@ -71,6 +72,7 @@ func (r *Runtime) runsc(ctx context.Context, timeout time.Duration, args ...stri
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, r.cfg.Runsc, append(r.globalFlags(""), args...)...)
+	cmd.SysProcAttr = diesWithDaemon()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -106,6 +108,7 @@ func (r *Runtime) detached(ctx context.Context, phase string, s sandbox.Spec, ou
 	defer cancel()
 	full := append(r.globalFlags(filepath.Join(s.BundleDir, "runsc.log")), args...)
 	cmd := exec.CommandContext(rctx, r.cfg.Runsc, full...)
+	cmd.SysProcAttr = diesWithDaemon()
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Run(); err != nil {
 		_ = r.Destroy(context.WithoutCancel(ctx), s.RuntimeID)
@@ -188,6 +191,14 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 		return fmt.Errorf("resuming sandbox %s: %w", id, err)
 	}
 	return nil
+}
+
+// diesWithDaemon makes a runsc command die with the daemon, so that a
+// crashed daemon leaves no command acting on sandboxes behind its
+// successor's back. (The sandboxes runsc starts are not its children and
+// live on.)
+func diesWithDaemon() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
 
 // tail returns the last lines of a log file, for error messages in the log.

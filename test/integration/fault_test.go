@@ -1,0 +1,184 @@
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// killWhenSeen SIGKILLs the first process whose command line matches
+// pattern (pgrep -f) within d, and reports whether it did.
+func killWhenSeen(pattern string, d time.Duration) <-chan bool {
+	done := make(chan bool, 1)
+	go func() {
+		deadline := time.Now().Add(d)
+		for time.Now().Before(deadline) {
+			out, _ := exec.Command("pgrep", "-f", pattern).Output()
+			if pids := strings.Fields(string(out)); len(pids) > 0 {
+				for _, p := range pids {
+					_ = exec.Command("kill", "-9", p).Run()
+				}
+				done <- true
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+		done <- false
+	}()
+	return done
+}
+
+// fire sends a control-plane request and ignores the outcome: the daemon
+// is about to be killed under it.
+func fire(method, path string, body any) {
+	raw, _ := json.Marshal(body)
+	req, _ := http.NewRequest(method, d.url+path, bytes.NewReader(raw))
+	req.Header.Set("X-API-KEY", apiKey)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+	}
+}
+
+// crashDaemon SIGKILLs the daemon after delay and starts a new one on the
+// same data directory and address.
+func crashDaemon(t *testing.T, delay time.Duration) {
+	t.Helper()
+	time.Sleep(delay)
+	addr := strings.TrimPrefix(d.url, "http://")
+	_ = d.cmd.Process.Signal(syscall.SIGKILL)
+	time.Sleep(100 * time.Millisecond)
+	nd, err := startDaemon(d.dataDir, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d = nd
+}
+
+// allSound checks that every sandbox the daemon lists works, and that no
+// half-written image or fork image is left.
+func allSound(t *testing.T) {
+	t.Helper()
+	r := call(t, "GET", "/v2/sandboxes?limit=1000", nil)
+	var list []struct {
+		SandboxID string `json:"sandboxID"`
+		State     string `json:"state"`
+	}
+	r.json(t, &list)
+	for _, s := range list {
+		if s.State != "running" {
+			continue
+		}
+		sb := sandboxInfo{SandboxID: s.SandboxID}
+		var c struct {
+			EnvdAccessToken string `json:"envdAccessToken"`
+		}
+		call(t, "POST", "/v2/sandboxes/"+s.SandboxID+"/connect", map[string]any{}).json(t, &c)
+		sb.EnvdAccessToken = c.EnvdAccessToken
+		if out := stdoutOf(runCode(t, sb, "print('alive')")); out != "alive\n" {
+			t.Errorf("listed sandbox %s is half-made: %q", s.SandboxID, out)
+		}
+	}
+	for _, dir := range []string{"snapshots", "paused", "forks"} {
+		m, _ := filepath.Glob(filepath.Join(d.dataDir, dir, "*.tmp-*"))
+		if len(m) > 0 {
+			t.Errorf("half-written images left: %v", m)
+		}
+	}
+	if m, _ := filepath.Glob(filepath.Join(d.dataDir, "forks", "*")); len(m) > 0 {
+		t.Errorf("fork images left: %v", m)
+	}
+	// Every snapshot listed can still be restored.
+	var snaps []struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	call(t, "GET", "/snapshots", nil).json(t, &snaps)
+	for _, sn := range snaps {
+		if _, err := os.Stat(filepath.Join(d.dataDir, "snapshots", sn.SnapshotID, "checkpoint.img")); err != nil {
+			t.Errorf("snapshot %s is listed but its image is incomplete", sn.SnapshotID)
+		}
+	}
+}
+
+func TestCrashDuringFork(t *testing.T) {
+	parent := create(t, map[string]any{"timeout": 300})
+	st := seed(t, parent, "fork-crash")
+	go fire("POST", "/sandboxes/"+parent.SandboxID+"/fork", map[string]any{"count": 4})
+	crashDaemon(t, 150*time.Millisecond)
+	check(t, parent, st)
+	allSound(t)
+	var list []struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	call(t, "GET", "/v2/sandboxes?limit=1000", nil).json(t, &list)
+	for _, s := range list {
+		if s.SandboxID != parent.SandboxID && info(t, s.SandboxID)["parentSandboxID"] == parent.SandboxID {
+			kid := s.SandboxID
+			t.Cleanup(func() { killQuietly(kid) })
+		}
+	}
+}
+
+func TestCrashDuringSnapshotAndRollback(t *testing.T) {
+	sb := create(t, map[string]any{"timeout": 300})
+	st := seed(t, sb, "snap-crash")
+	go fire("POST", "/sandboxes/"+sb.SandboxID+"/snapshots", map[string]any{})
+	crashDaemon(t, 20*time.Millisecond)
+	check(t, sb, st)
+	allSound(t)
+
+	sid := snapshotOf(t, sb.SandboxID, "")
+	mutate(t, sb, "after")
+	go fire("POST", "/sandboxes/"+sb.SandboxID+"/rollback", map[string]string{"snapshotID": sid})
+	crashDaemon(t, 60*time.Millisecond)
+	// Either the rollback happened or it did not: never half.
+	got := stdoutOf(runCode(t, sb, "print(marker)"))
+	switch got {
+	case "snap-crash\n":
+		check(t, sb, st)
+	case "after\n":
+	default:
+		t.Errorf("after a crash mid-rollback the REPL holds %q", got)
+	}
+	allSound(t)
+}
+
+func TestKillRunscDuringSnapshot(t *testing.T) {
+	sb := create(t, map[string]any{"timeout": 300, "memoryMB": 1024})
+	st := seed(t, sb, "runsc-killed")
+	runCode(t, sb, "ballast = bytearray(b'x') * (300 << 20)") // make the checkpoint take a while
+	killed := killWhenSeen("runsc.* checkpoint .*"+runtimeID(t, sb.SandboxID), 10*time.Second)
+	r := call(t, "POST", "/sandboxes/"+sb.SandboxID+"/snapshots", map[string]any{})
+	if !<-killed {
+		t.Fatal("never saw the checkpoint process")
+	}
+	if r.status == 201 {
+		t.Logf("the checkpoint finished before the kill landed: %s", r.body)
+	} else if r.status < 500 {
+		t.Errorf("a failed snapshot should be a 5xx, got %d %s", r.status, r.body)
+	}
+	eventually(t, 10*time.Second, "the sandbox to answer again", func() bool {
+		return stdoutOf(runCode(t, sb, "print(marker)")) == st.value+"\n"
+	})
+	check(t, sb, st)
+	allSound(t)
+}
+
+func TestCrashDuringPause(t *testing.T) {
+	sb := create(t, map[string]any{"timeout": 300})
+	st := seed(t, sb, "pause-crash")
+	go fire("POST", "/sandboxes/"+sb.SandboxID+"/pause", map[string]any{"spill": true})
+	crashDaemon(t, 30*time.Millisecond)
+	// Whatever the crash interrupted, connect brings the same state back.
+	if r := call(t, "POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", map[string]any{"timeout": 120}); r.status != 200 && r.status != 201 {
+		t.Fatalf("connect after a crash mid-pause: %d %s", r.status, r.body)
+	}
+	check(t, sb, st)
+	allSound(t)
+}
