@@ -75,8 +75,19 @@ func (c *Config) Validate() error {
 	if c.DefaultTimeout <= 0 || c.DefaultTimeout > c.MaxTimeout {
 		errs = append(errs, errors.New("--default-timeout must be positive and at most --max-timeout"))
 	}
-	if c.PoolReady < 0 || c.PoolShells < 0 || c.StartConcurrency < 1 || c.StartQueue < 1 || c.MaxFork < 1 {
-		errs = append(errs, errors.New("pool sizes must be >= 0; --start-concurrency, --start-queue and --max-fork >= 1"))
+	for _, f := range []struct {
+		name string
+		v    int64
+		min  int64
+	}{
+		{"--pool-ready", int64(c.PoolReady), 0}, {"--pool-shells", int64(c.PoolShells), 0},
+		{"--start-concurrency", int64(c.StartConcurrency), 1}, {"--start-queue", int64(c.StartQueue), 1},
+		{"--max-fork", int64(c.MaxFork), 1}, {"--snapshot-cap-mb", c.SnapshotCapBytes, 0},
+		{"--start-wait", int64(c.StartWait), 1}, {"--spill-after", int64(c.SpillAfter), 0},
+	} {
+		if f.v < f.min {
+			errs = append(errs, fmt.Errorf("%s must be at least %d", f.name, f.min))
+		}
 	}
 	return errors.Join(errs...)
 }

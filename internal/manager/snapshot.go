@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/template"
 	"github.com/cellfork/cellfork/internal/timing"
 )
 
@@ -65,20 +67,27 @@ func (m *Manager) checkDiskRoom(ctx context.Context) error {
 	return nil
 }
 
+// checkName refuses names that are malformed, taken, or would be shadowed
+// by a built-in template or a route.
+func (m *Manager) checkName(ctx context.Context, name string) error {
+	if name == "" {
+		return nil
+	}
+	if !snapshotNameRE.MatchString(name) {
+		return errdefs.New(errdefs.ErrInvalidArgument, "snapshot name must be 1-128 characters of letters, digits and ._:/-")
+	}
+	if _, err := template.Resolve(name); err == nil || name == "usage" {
+		return errdefs.New(errdefs.ErrInvalidArgument, "snapshot name %q is reserved", name)
+	}
+	if _, err := m.findSnapshot(ctx, name); err == nil {
+		return errdefs.New(errdefs.ErrAlreadyExists, "a snapshot named %q already exists", name)
+	}
+	return nil
+}
+
 // Snapshot saves the sandbox's whole state (memory, processes, files,
 // sockets) as a new snapshot; the sandbox keeps running.
 func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snapshot, error) {
-	if name != "" && !snapshotNameRE.MatchString(name) {
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "snapshot name must be 1-128 characters of letters, digits and ._:/-")
-	}
-	if name != "" {
-		if _, err := m.findSnapshot(ctx, name); err == nil {
-			return nil, errdefs.New(errdefs.ErrAlreadyExists, "a snapshot named %q already exists", name)
-		}
-	}
-	if err := m.checkDiskRoom(ctx); err != nil {
-		return nil, err
-	}
 	l, err := m.locked(id)
 	if err != nil {
 		return nil, err
@@ -86,6 +95,12 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snaps
 	defer l.mu.Unlock()
 	if l.rec.State != sandbox.StateRunning {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: resume it before taking a snapshot", id)
+	}
+	if err := m.checkName(ctx, name); err != nil {
+		return nil, err
+	}
+	if err := m.checkDiskRoom(ctx); err != nil {
+		return nil, err
 	}
 	sid := "snap" + newID()[:16]
 	dir := m.snapshotDir(sid)
@@ -100,7 +115,7 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snaps
 	if name != "" {
 		sn.Names = []string{name}
 	}
-	if err := m.st.PutSnapshot(ctx, sn); err != nil {
+	if err := m.recordSnapshot(ctx, sn); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
@@ -112,10 +127,31 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snaps
 	return sn, nil
 }
 
+// recordSnapshot stores a new snapshot, checking again, under the lock that
+// deletes take, that its name is free and its parent still exists (a
+// concurrent snapshot or delete may have won the race).
+func (m *Manager) recordSnapshot(ctx context.Context, sn *sandbox.Snapshot) error {
+	m.snap.Lock()
+	defer m.snap.Unlock()
+	if len(sn.Names) > 0 {
+		if err := m.checkName(ctx, sn.Names[0]); err != nil {
+			return err
+		}
+	}
+	if sn.ParentID != "" {
+		if _, err := m.st.GetSnapshot(ctx, sn.ParentID); err != nil {
+			sn.ParentID = ""
+		}
+	}
+	return m.st.PutSnapshot(ctx, sn)
+}
+
 // ListSnapshots returns every snapshot, oldest first.
 func (m *Manager) ListSnapshots(ctx context.Context) ([]*sandbox.Snapshot, error) {
 	all, err := m.st.ListSnapshots(ctx)
-	slices.SortFunc(all, func(a, b *sandbox.Snapshot) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	slices.SortFunc(all, func(a, b *sandbox.Snapshot) int {
+		return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.ID, b.ID))
+	})
 	return all, err
 }
 

@@ -128,6 +128,11 @@ func TestSnapshotCreateFromSnapshot(t *testing.T) {
 	if r := call(t, "POST", "/sandboxes/"+parent.SandboxID+"/snapshots", map[string]string{"name": name}); r.status != 409 {
 		t.Errorf("duplicate snapshot name: %d %s", r.status, r.body)
 	}
+	for _, bad := range []string{"-x", "base", "usage", strings.Repeat("n", 200)} {
+		if r := call(t, "POST", "/sandboxes/"+parent.SandboxID+"/snapshots", map[string]string{"name": bad}); r.status != 400 {
+			t.Errorf("snapshot name %.20q: %d %s", bad, r.status, r.body)
+		}
+	}
 	if r := call(t, "DELETE", "/templates/"+sid, nil); r.status != http.StatusNoContent {
 		t.Fatalf("delete snapshot: %d %s", r.status, r.body)
 	}

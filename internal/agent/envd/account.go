@@ -52,10 +52,11 @@ func lookupAccount(s *agent.Settings, name string) (agent.Account, error) {
 	return acc, nil
 }
 
-// resolvePath turns a caller-supplied path into an absolute, clean path the
-// way upstream envd does: "" is the default workdir (or home), "~" and "~/x"
-// expand to the home directory, and other relative paths are relative to
-// the home directory.
+// resolvePath turns a caller-supplied path into an absolute, clean path:
+// "" is the default workdir (or home), "~" and "~/x" expand to the home
+// directory, and other relative paths are refused (invalid_argument, with
+// the absolute form in the message): unlike upstream envd, which resolves
+// them against home, we treat them as the ambiguous input they are.
 func resolvePath(p string, acc agent.Account, workdir string) (string, error) {
 	home := acc.Home
 	if !filepath.IsAbs(home) {
