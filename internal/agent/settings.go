@@ -23,10 +23,11 @@ const DefaultUser = "user"
 // (environment variables, default user and working directory). Safe for
 // concurrent use.
 type Settings struct {
-	mu      sync.RWMutex
-	user    string
-	workdir string
-	envs    map[string]string
+	mu        sync.RWMutex
+	user      string
+	workdir   string
+	envs      map[string]string
+	maxUpload int64 // 0: the agent's default
 }
 
 // NewSettings returns settings with the E2B defaults: user `user`, no extra
@@ -47,6 +48,22 @@ func (s *Settings) Init(defaultUser, workdir string, envs map[string]string) {
 		s.workdir = workdir
 	}
 	maps.Copy(s.envs, envs)
+}
+
+// SetMaxUpload sets the largest upload accepted, in bytes (0 keeps the
+// agent's default). It comes through /init, not the boot environment: a
+// sandbox restored from a snapshot was booted by another daemon.
+func (s *Settings) SetMaxUpload(n int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.maxUpload = n
+}
+
+// MaxUpload returns the upload limit set by SetMaxUpload, or 0.
+func (s *Settings) MaxUpload() int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.maxUpload
 }
 
 // User returns the default user name.

@@ -63,18 +63,20 @@ func (m *Manager) spec(b *box, extraEnv ...string) sandbox.Spec {
 		BundleDir: m.bundleDir(b.rid),
 		Rootfs:    b.rootfs,
 		Args:      []string{template.AgentDir + "/cellfork-agent"},
-		Env:       append(agentEnv(m.cfg.MaxUploadBytes), extraEnv...),
+		Env:       append(agentEnv(), extraEnv...),
 		NetnsPath: b.net.SandboxPath(),
 		Limits:    b.limits,
 	}
 }
 
-func agentEnv(maxUpload int64) []string {
+// agentEnv is the agent's boot environment. It must not depend on the
+// daemon's configuration: a warm image or snapshot booted by one daemon is
+// restored by others, so per-daemon settings go through postInit.
+func agentEnv() []string {
 	return []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME=/root",
 		"LANG=C.UTF-8",
-		fmt.Sprintf("CELLFORK_MAX_UPLOAD_BYTES=%d", maxUpload),
 	}
 }
 

@@ -196,7 +196,7 @@ func (m *Manager) adoptNew(ctx context.Context, rec *sandbox.Sandbox, b *box, en
 	t0 := time.Now()
 	err := m.st.Put(ctx, rec)
 	if err == nil {
-		err = postInit(ctx, b.transport, envs)
+		err = m.postInit(ctx, b.transport, envs)
 	}
 	if err != nil {
 		cctx := context.WithoutCancel(ctx)
@@ -217,9 +217,9 @@ func orEmpty(m map[string]string) map[string]string {
 }
 
 // postInit hands the agent the sandbox's settings (POST /init, as E2B's
-// orchestrator does with envd).
-func postInit(ctx context.Context, tr http.RoundTripper, envs map[string]string) error {
-	body, _ := json.Marshal(map[string]any{"envVars": envs, "defaultUser": "user"})
+// orchestrator does with envd) and this daemon's upload limit.
+func (m *Manager) postInit(ctx context.Context, tr http.RoundTripper, envs map[string]string) error {
+	body, _ := json.Marshal(map[string]any{"envVars": envs, "defaultUser": "user", "maxUploadBytes": m.cfg.MaxUploadBytes})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://sandbox:%d/init", EnvdPort), bytes.NewReader(body))
 	if err != nil {
 		return err

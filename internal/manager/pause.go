@@ -119,6 +119,11 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 		limits := sandbox.Limits{CPUCount: l.rec.CPUCount, MemoryMB: l.rec.MemoryMB, PidsMax: m.cfg.DefaultLimits.PidsMax}
 		b, err := m.restoreBox(ctx, l.rec.PausedImage, l.rec.Rootfs, limits)
 		release()
+		if err == nil {
+			if err = m.postInit(ctx, b.transport, nil); err != nil {
+				m.destroyBox(context.WithoutCancel(ctx), b)
+			}
+		}
 		if err != nil {
 			m.scheduleSpill(l)
 			return false, err

@@ -309,6 +309,11 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.S
 	}
 	nb, err := m.restoreBox(ctx, sn.Image, sn.Rootfs, l.box.limits)
 	release()
+	if err == nil {
+		if err = m.postInit(ctx, nb.transport, nil); err != nil {
+			m.destroyBox(context.WithoutCancel(ctx), nb)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("rolling back sandbox %s: %w", id, err)
 	}

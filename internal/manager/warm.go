@@ -60,7 +60,7 @@ func (m *Manager) buildWarm(ctx context.Context, name, rootfs, image string) err
 		return err
 	}
 	defer m.destroyBox(context.WithoutCancel(ctx), b)
-	if err := postInit(ctx, b.transport, nil); err != nil {
+	if err := m.postInit(ctx, b.transport, nil); err != nil {
 		return err
 	}
 	// Wait for the default code context (and its pre-imports).

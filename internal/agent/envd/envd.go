@@ -62,6 +62,7 @@ type initRequest struct {
 	EnvVars        map[string]string `json:"envVars"`
 	DefaultUser    string            `json:"defaultUser"`
 	DefaultWorkdir string            `json:"defaultWorkdir"`
+	MaxUploadBytes int64             `json:"maxUploadBytes"` // ours
 }
 
 func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) {
@@ -80,7 +81,14 @@ func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) {
 		writeError(w, "init", invalidf("defaultWorkdir must be absolute, got %q", req.DefaultWorkdir))
 		return
 	}
+	if req.MaxUploadBytes < 0 {
+		writeError(w, "init", invalidf("maxUploadBytes must not be negative"))
+		return
+	}
 	s.Init(req.DefaultUser, req.DefaultWorkdir, req.EnvVars)
+	if req.MaxUploadBytes > 0 {
+		s.SetMaxUpload(req.MaxUploadBytes)
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -108,9 +108,13 @@ func (h *filesHandler) upload(w http.ResponseWriter, r *http.Request) {
 // timeout, inflated when it is Content-Encoding: gzip.
 func (h *filesHandler) requestBody(w http.ResponseWriter, r *http.Request) (io.ReadCloser, error) {
 	rc := http.NewResponseController(w)
-	raw := http.MaxBytesReader(w, r.Body, h.maxUpload)
+	limit := h.maxUpload
+	if n := h.settings.MaxUpload(); n > 0 {
+		limit = n
+	}
+	raw := http.MaxBytesReader(w, r.Body, limit)
 	body := io.ReadCloser(&idleReader{r: raw, rc: rc})
-	return inflate(body, r.Header.Get("Content-Encoding"), h.maxUpload)
+	return inflate(body, r.Header.Get("Content-Encoding"), limit)
 }
 
 // inflate decodes a gzip body (other encodings are refused) and bounds the

@@ -226,6 +226,24 @@ func TestUploadRelativePathIsRefused(t *testing.T) {
 	}
 }
 
+// TestUploadLimitFromInit: the daemon sets the limit through /init (a
+// restored agent was booted by whatever daemon took the image).
+func TestUploadLimitFromInit(t *testing.T) {
+	e := newEnv(t)
+	res, b := e.do("POST", "/init", nil, strings.NewReader(`{"maxUploadBytes":100}`), http.Header{"Content-Type": {"application/json"}})
+	if res.StatusCode != http.StatusNoContent {
+		t.Fatalf("init: %d %s", res.StatusCode, b)
+	}
+	raw := http.Header{"Content-Type": {"application/octet-stream"}}
+	path := filepath.Join(e.dir, "limited")
+	res, b = e.do("POST", "/files", url.Values{"path": {path}}, bytes.NewReader(make([]byte, 101)), raw)
+	wantAPIError(t, res, b, 413)
+	res, b = e.do("POST", "/files", url.Values{"path": {path}}, bytes.NewReader(make([]byte, 100)), raw)
+	if res.StatusCode != 200 {
+		t.Fatalf("upload at the limit: %d %s", res.StatusCode, b)
+	}
+}
+
 func TestUploadSizeLimit(t *testing.T) {
 	t.Setenv("CELLFORK_MAX_UPLOAD_BYTES", "100")
 	e := newEnv(t)
