@@ -107,11 +107,17 @@ func (w lockedBuffer) Write(p []byte) (int, error) {
 	return w.b.Write(p)
 }
 
+// testFlags are the main test daemon's flags; later flags win.
+var testFlags = []string{"--max-upload-mb", "1", "-v", "--spill-after", "1s", "--pool-ready", "1", "--pool-shells", "2", "--max-fork", "8"}
+
 func startDaemon(dataDir, addr string) (*daemon, error) {
+	return startDaemonWith(dataDir, addr)
+}
+
+func startDaemonWith(dataDir, addr string, extra ...string) (*daemon, error) {
 	dm := &daemon{url: "http://" + addr, dataDir: dataDir, log: &bytes.Buffer{}, logMu: &sync.Mutex{}}
-	dm.cmd = exec.Command(filepath.Join(repoRoot, "bin", "cellfork"), "serve", "--addr", addr,
-		"--data-dir", dataDir, "--template-dir", templateDir(), "--max-upload-mb", "1", "-v",
-		"--spill-after", "1s", "--pool-ready", "1", "--pool-shells", "2", "--max-fork", "8")
+	args := append([]string{"serve", "--addr", addr, "--data-dir", dataDir, "--template-dir", templateDir()}, testFlags...)
+	dm.cmd = exec.Command(filepath.Join(repoRoot, "bin", "cellfork"), append(args, extra...)...)
 	dm.cmd.Env = append(os.Environ(), "CELLFORK_API_KEY="+apiKey)
 	dm.cmd.Stdout = lockedBuffer{dm.logMu, dm.log}
 	dm.cmd.Stderr = dm.cmd.Stdout

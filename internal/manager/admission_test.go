@@ -1,0 +1,69 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+)
+
+func TestAdmissionQueuesInOrderThenRefuses(t *testing.T) {
+	a := newAdmission(1, 2, time.Second)
+	release, err := a.acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.tryAcquire(); ok {
+		t.Fatal("background work took the only slot")
+	}
+	order := make(chan int, 2)
+	for i := range 2 {
+		go func() {
+			r, err := a.acquire(context.Background())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			order <- i
+			time.Sleep(10 * time.Millisecond)
+			r()
+		}()
+		time.Sleep(20 * time.Millisecond) // arrive in order
+	}
+	if _, err := a.acquire(context.Background()); !errors.Is(err, errdefs.ErrUnavailable) || errdefs.UserMessage(err) == "" {
+		t.Fatalf("third waiter: %v", err)
+	}
+	if _, ok := a.tryAcquire(); ok {
+		t.Fatal("background work jumped the queue")
+	}
+	release()
+	if first, second := <-order, <-order; first != 0 || second != 1 {
+		t.Fatalf("served %d then %d", first, second)
+	}
+	for deadline := time.Now().Add(time.Second); !a.idle() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond) // the waiters hold their slot 10 ms
+	}
+	if r, ok := a.tryAcquire(); !ok {
+		t.Fatal("idle gate refused background work")
+	} else {
+		r()
+	}
+}
+
+func TestAdmissionWaitBound(t *testing.T) {
+	a := newAdmission(1, 4, 50*time.Millisecond)
+	release, _ := a.acquire(context.Background())
+	defer release()
+	start := time.Now()
+	_, err := a.acquire(context.Background())
+	if !errors.Is(err, errdefs.ErrUnavailable) || time.Since(start) > time.Second {
+		t.Fatalf("waited %v: %v", time.Since(start), err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := a.acquire(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled wait: %v", err)
+	}
+}
