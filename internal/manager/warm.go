@@ -48,6 +48,10 @@ func (m *Manager) Warm(ctx context.Context, name string) error {
 		}
 		m.log.Info("warm image ready", "template", name, "ms", time.Since(t0).Milliseconds())
 	}
+	// Held until the daemon exits: pool refills and creates restore it.
+	if _, err := template.InUse(image); err != nil {
+		return err
+	}
 	pruneWarm(dir, filepath.Base(image))
 	m.pool.setWarm(name, warmImage{rootfs: rootfs, image: image})
 	return nil
@@ -97,12 +101,18 @@ func (m *Manager) checkpointInto(ctx context.Context, rid, path string, leaveRun
 	return nil
 }
 
-// pruneWarm removes the template's other (stale or half-built) warm images.
+// pruneWarm removes the template's other warm images that no running
+// daemon uses (another build of the agent may be restoring its own), and
+// half-built ones (only built under the lock this caller holds).
 func pruneWarm(dir, keep string) {
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
-		if e.IsDir() && strings.HasPrefix(e.Name(), "warm-") && e.Name() != keep {
-			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		switch n := e.Name(); {
+		case !e.IsDir() || !strings.HasPrefix(n, "warm-") || n == keep:
+		case strings.Contains(n, ".tmp-"):
+			_ = os.RemoveAll(filepath.Join(dir, n))
+		default:
+			template.Prune(filepath.Join(dir, n))
 		}
 	}
 }

@@ -132,13 +132,18 @@ func (r *Registry) build(ctx context.Context, name string, progress io.Writer) (
 		return "", err
 	}
 	defer unlock()
+	// Held for the life of the process: other daemons sharing this
+	// template directory must not prune a rootfs that sandboxes run on.
+	if _, err := InUse(filepath.Join(dir, hash)); err != nil {
+		return "", err
+	}
 	if _, err := os.Stat(rootfs); err != nil {
 		fmt.Fprintf(progress, "template %s: building rootfs %s (debootstrap, a few minutes)\n", name, hash)
 		if err := runBuild(ctx, name, rootfs, progress); err != nil {
 			return "", fmt.Errorf("building template %s: %w", name, err)
 		}
-		r.prune(dir, hash, progress)
 	}
+	r.prune(dir, hash, progress)
 	if err := r.installAgent(rootfs); err != nil {
 		return "", fmt.Errorf("installing agent into template %s: %w", name, err)
 	}
@@ -169,13 +174,13 @@ func runBuild(ctx context.Context, name, rootfs string, progress io.Writer) erro
 	return cmd.Run()
 }
 
-// prune removes rootfs trees of older definitions of the template.
+// prune removes rootfs trees of older definitions of the template that no
+// running daemon uses.
 func (r *Registry) prune(dir, keep string, progress io.Writer) {
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
-		if e.IsDir() && e.Name() != keep {
-			fmt.Fprintf(progress, "template: removing old rootfs %s\n", e.Name())
-			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		if e.IsDir() && e.Name() != keep && Prune(filepath.Join(dir, e.Name())) {
+			fmt.Fprintf(progress, "template: removed old rootfs %s\n", e.Name())
 		}
 	}
 }
@@ -205,6 +210,37 @@ func (r *Registry) installAgent(rootfs string) error {
 		}
 	}
 	return nil
+}
+
+// InUse marks dir as used by this process until release: Prune leaves it
+// alone. (A shared flock on dir + ".inuse"; any number of daemons may hold
+// it.)
+func InUse(dir string) (release func(), err error) {
+	f, err := os.OpenFile(dir+".inuse", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { f.Close() }, nil
+}
+
+// Prune removes dir unless some process holds it InUse, and reports
+// whether it did.
+func Prune(dir string) bool {
+	f, err := os.OpenFile(dir+".inuse", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		return false
+	}
+	os.RemoveAll(dir)
+	os.Remove(dir + ".inuse")
+	return true
 }
 
 // Lock takes an exclusive lock on path (created if needed), waiting for it,
