@@ -228,6 +228,15 @@ def test_list_snapshots_paginates_and_filters(stateful, make_sandbox, cleanup):
     assert snapshot_ids(sandbox_id="cfnosuchsandbox") == []
 
 
+def test_list_snapshots_name_filter_also_matches_the_id(stateful, cleanup):
+    # SDK 2.63.0 list_snapshots(name=): "Filter snapshots by name or ID".
+    sbx, _ = stateful
+    named = cleanup.snapshot(sbx.create_snapshot(name=unique("cf-by-id")))
+    unnamed = cleanup.snapshot(sbx.create_snapshot())
+    assert snapshot_ids(name=named.snapshot_id) == [named.snapshot_id]
+    assert snapshot_ids(name=unnamed.snapshot_id) == [unnamed.snapshot_id]
+
+
 # --- delete_snapshot --------------------------------------------------------------
 
 
