@@ -1,8 +1,30 @@
 #!/usr/bin/env bash
-# bench.sh [bench.py args]: run the benchmark against a throwaway daemon and
-# print Markdown tables (paste them into docs/benchmarks.md with this command).
+# bench.sh [--suite all|core|fork] [--quick] [suite options]: run the
+# benchmark against a throwaway daemon and print Markdown tables (paste them
+# into docs/benchmarks.md with this command).
+#   core: bench/bench.py (create, run_code, exec vs raw runsc run/exec)
+#   fork: bench/fork.py  (pool, snapshot, create-from-snapshot, fork,
+#         rollback, pause/resume, density vs raw runsc checkpoint/restore)
+# Options other than --quick belong to one suite; pass them with --suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+suite=all
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --suite) suite=${2:-}; shift 2 ;;
+    --suite=*) suite=${1#*=}; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+case "$suite" in
+  all|core|fork) ;;
+  *) echo "usage: scripts/bench.sh [--suite all|core|fork] [--quick] [suite options]" >&2; exit 2 ;;
+esac
 . scripts/lib.sh
 start_test_daemon
-.venv/bin/python bench/bench.py "$@"
+export CELLFORK_DATA_DIR="$TEST_TMP/data" CELLFORK_DAEMON_LOG="$TEST_TMP/daemon.log"
+rc=0
+if [ "$suite" != fork ]; then .venv/bin/python bench/bench.py "${args[@]}" || rc=$?; echo; fi
+if [ "$suite" != core ]; then .venv/bin/python bench/fork.py "${args[@]}" || rc=$?; fi
+exit $rc

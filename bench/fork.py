@@ -1,0 +1,790 @@
+"""cellfork fork-first benchmark: one Markdown table per operation.
+
+Operations: memory per idle sandbox (density), create from the warm pool,
+snapshot vs dirty memory (0-500 MB), create from a snapshot at concurrency
+1/10/20, fork(n) for n = 1/5/10/20, rollback, pause/resume (in memory and
+spilled to disk). Every row sits beside the seeds' published figure, our
+target, and the same work done with raw `runsc` in the same run.
+
+Methods
+-------
+* Runs against the throwaway daemon scripts/bench.sh starts (CELLFORK_URL,
+  CELLFORK_API_KEY, CELLFORK_DATA_DIR = its --data-dir). Needs root.
+* Server side: every timed request's Server-Timing header; "total" is the
+  handler's time, the other entries are its phases. Phases nest (checkpoint
+  sits inside spill) and may be absent (netns appears only when no prepared
+  shell was free: its n says how often that happened). The manager sums a
+  repeated phase name, so fork's child phases (queue, netns, restore, agent,
+  init) are divided by n here: mean per child, which ran concurrently.
+* Client side (loopback, httpx, one shared keep-alive client): wall time of
+  the request, and where the issue says so, wall time from the request until
+  every new sandbox answered run_code over the data plane (POST /execute).
+* Raw runsc, same run, same global flags as the daemon
+  (internal/runtime/gvisor): `runsc checkpoint --leave-running
+  --compression=none`, `pause` and `resume` act on the daemon's own container
+  (runtime id from <data-dir>/state.db); `restore --detach` restores the
+  daemon's image (or the raw checkpoint) into a new container in a separate
+  runsc root: a copy of the source bundle's config.json with its own
+  cgroupsPath and a fresh netns pair set up like internal/netns (veth cf0
+  10.88.0.1/30 <-> eth0 10.88.0.2/30, MAC 02:cf:00:00:00:02, default route).
+  "pre-created" = `runsc create` first (untimed), then the timed restore, as
+  the daemon's shells do. Raw times are runsc's process time (blocking wait).
+  Netns, bundles and deletes are outside the timing; everything is removed.
+  One restored container per batch is checked to accept TCP on the agent port.
+* Ratio = cellfork p50 / raw p50. Targets are judged on p50 (fork(5): client
+  wall until all five answer run_code).
+* Density: PSS (/proc/PID/smaps_rollup) summed over the processes whose
+  command line holds the runtime id (runsc sandbox + gofer). Pooled boxes are
+  containers in the daemon's runsc root no sandbox record points to (running
+  = ready, created = prepared shell).
+* Snapshot vs dirty memory: one sandbox (memoryMB 2048) dirties N MB in its
+  REPL (bytearray of 0xa5 bytes, replacing the previous one), then alternates
+  daemon snapshots (deleted again) and raw checkpoints of its container.
+* Between samples the bench waits for the pool (2 ready, 2 shells by default)
+  to refill, so each sample sees the daemon's steady state.
+
+    scripts/bench.sh --suite fork [--quick] [--ops pool,fork,...]
+"""
+
+import argparse
+import concurrent.futures as cf
+import glob
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import httpx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import server_timing, stats  # noqa: E402
+
+RUNSC = os.environ.get("CELLFORK_RUNSC", "/usr/local/lib/cellfork/runsc")
+URL = os.environ["CELLFORK_URL"]
+KEY = os.environ["CELLFORK_API_KEY"]
+DATA = os.environ["CELLFORK_DATA_DIR"]
+ROOT = os.path.join(DATA, "runsc")
+# The daemon's global runsc flags (internal/runtime/gvisor/gvisor.go).
+FLAGS = ["--platform=systrap", "--network=sandbox", "--overlay2=root:memory",
+         "--host-settings=ignore", "--restore-spec-validation=warning"]
+
+SEEDS = {
+    "pool": "Podflare pool hit 7-11 ms",
+    "snap0": "CubeSandbox snapshot 41 ms",
+    "restore": "CubeSandbox create-from-snapshot 67 ms; PandaStack restore 179 ms",
+    "fork1": "Podflare fork 24 ms (warm); CubeSandbox clone 271 ms",
+    "fork5": "Podflare fork(n=5) 101 ms",
+    "rollback": "CubeSandbox rollback 90 ms",
+    "pause": "CubeSandbox pause 371 ms",
+    "resume": "CubeSandbox resume 19 ms",
+}
+
+ms = lambda t0: 1000 * (time.perf_counter() - t0)
+med = statistics.median
+
+
+def log(*a):
+    print("[fork-bench]", *a, file=sys.stderr, flush=True)
+
+
+class DaemonError(Exception):
+    pass
+
+
+# --- tables -----------------------------------------------------------------
+
+class Table:
+    HEAD = ("| operation | n | min | p50 | p95 | mean | vs raw runsc (p50) | seeds' figure | target (p50) |\n"
+            "|---|---|---|---|---|---|---|---|---|")
+
+    def __init__(self, title, note=""):
+        self.title, self.note, self.rows = title, note, []
+
+    def add(self, name, xs, raw=None, seed="", target=None, unit="ms"):
+        xs = [x for x in xs if x is not None]
+        if not xs:
+            self.rows.append(f"| {name} | 0 | - | - | - | - | | {seed} | |")
+            return
+        n, lo, p50, p95, mean = stats(xs)
+        ratio = f"{p50 / med(raw):.2f}x" if raw else ""
+        tgt = "" if target is None else f"<= {target} {unit}: {'met' if p50 <= target else 'MISSED'}"
+        self.rows.append(f"| {name} | {n} | {lo:.1f} | {p50:.1f} | {p95:.1f} | {mean:.1f} | {ratio} | {seed} | {tgt} |")
+
+    def phases(self, sts, per=None, skip=("total",), indent="  · "):
+        """One row per Server-Timing phase over the samples sts; per[i]
+        divides sample i's value (fork: mean per child)."""
+        names = []
+        for st in sts:
+            names += [k for k in st if k not in skip and k not in names]
+        for k in names:
+            vals = [st[k] / (per[i] if per and k in CHILD_PHASES else 1)
+                    for i, st in enumerate(sts) if k in st]
+            self.add(indent + k + (" (per child)" if per and k in CHILD_PHASES else ""), vals)
+
+    def render(self):
+        return "\n".join([f"### {self.title}\n", self.note + "\n", self.HEAD, *self.rows, ""])
+
+
+CHILD_PHASES = {"queue", "netns", "restore", "agent", "init", "runsc-create", "bundle"}
+
+
+# --- the daemon's API ---------------------------------------------------------
+
+class Api:
+    def __init__(self):
+        self.c = httpx.Client(base_url=URL, headers={"X-API-KEY": KEY}, timeout=300,
+                              limits=httpx.Limits(max_connections=200, max_keepalive_connections=64))
+        self.owned = set()
+
+    def call(self, method, path, body=None):
+        t0 = time.perf_counter()
+        r = self.c.request(method, path, **({} if body is None else {"json": body}))
+        wall = ms(t0)
+        if r.status_code // 100 != 2:
+            raise DaemonError(f"{method} {path} -> {r.status_code}: {r.text[:400]}")
+        return (r.json() if r.content else None), server_timing(r.headers.get("server-timing", "")), wall
+
+    def create(self, template="base", **kw):
+        sb, st, wall = self.call("POST", "/v2/sandboxes", {"templateID": template, "timeout": 1800, **kw})
+        self.owned.add(sb["sandboxID"])
+        return sb, st, wall
+
+    def kill(self, sb):
+        self.call("DELETE", f"/sandboxes/{sb['sandboxID']}")
+        self.owned.discard(sb["sandboxID"])
+
+    def kill_all(self, sbs):
+        with cf.ThreadPoolExecutor(8) as ex:
+            list(ex.map(self.kill, sbs))
+
+    def state(self, sb):
+        return self.call("GET", f"/sandboxes/{sb['sandboxID']}")[0].get("state")
+
+    def run_code(self, sb, code, expect=None):
+        """Runs code in the sandbox's REPL; returns its stdout."""
+        r = self.c.post("/execute", json={"code": code}, timeout=300, headers={
+            "E2b-Sandbox-Id": sb["sandboxID"], "E2b-Sandbox-Port": "49999",
+            "X-Access-Token": sb["envdAccessToken"]})
+        if r.status_code != 200:
+            raise DaemonError(f"run_code in {sb['sandboxID']} -> {r.status_code}: {r.text[:300]}")
+        out, events = "", [json.loads(x) for x in r.text.splitlines() if x.strip()]
+        for e in events:
+            if e.get("type") == "error":
+                raise DaemonError(f"run_code in {sb['sandboxID']}: {e.get('name')}: {e.get('value')}")
+            if e.get("type") == "stdout":
+                out += e.get("text", "")
+        if expect is not None and out.strip() != expect:
+            raise DaemonError(f"run_code in {sb['sandboxID']}: got {out!r}, want {expect!r}")
+        return out
+
+    def run_all(self, sbs, code, expect=None):
+        with cf.ThreadPoolExecutor(max(1, len(sbs))) as ex:
+            list(ex.map(lambda s: self.run_code(s, code, expect), sbs))
+
+
+# --- the daemon's state, read from outside ------------------------------------
+
+def records():
+    """RuntimeID -> sandbox id, from the daemon's store."""
+    db = sqlite3.connect(f"file:{DATA}/state.db?mode=ro", uri=True, timeout=10)
+    try:
+        docs = [json.loads(d) for (d,) in db.execute("SELECT doc FROM sandboxes")]
+    finally:
+        db.close()
+    return {d["RuntimeID"]: d["ID"] for d in docs if d.get("RuntimeID")}
+
+
+def rid_of(sb):
+    for rid, sid in records().items():
+        if sid == sb["sandboxID"]:
+            return rid
+    raise DaemonError(f"sandbox {sb['sandboxID']} has no record in state.db")
+
+
+def containers(root=ROOT):
+    p = subprocess.run([RUNSC, f"--root={root}", *FLAGS, "list", "--format=json"],
+                       capture_output=True, text=True, check=True)
+    return json.loads(p.stdout or "null") or []
+
+
+def pool_state():
+    recs = records()
+    free = [c for c in containers() if c["id"] not in recs]
+    return ([c["id"] for c in free if c["status"] == "running"],
+            [c["id"] for c in free if c["status"] == "created"])
+
+
+STUCK = []  # pool refills that timed out: later waits are short
+
+
+def wait_pool(ready=2, shells=2):
+    t0, timeout = time.time(), 3 if STUCK else 20
+    while time.time() - t0 < timeout:
+        r, s = pool_state()
+        if len(r) >= ready and len(s) >= shells:
+            return True
+        time.sleep(0.05)
+    STUCK.append(f"{len(r)} ready + {len(s)} shells after {timeout} s, wanted {ready} + {shells}")
+    log("pool did not refill: " + STUCK[-1])
+    return False
+
+
+def pss_mb(rids):
+    """PSS (MB) summed over the processes whose command line holds each id."""
+    out = {r: 0 for r in rids}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+            hit = [r for r in rids if r in cmd]
+            if not hit:
+                continue
+            for line in open(f"/proc/{pid}/smaps_rollup"):
+                if line.startswith("Pss:"):
+                    out[hit[0]] += int(line.split()[1]) / 1024
+        except OSError:
+            continue
+    return out
+
+
+# --- raw runsc ------------------------------------------------------------------
+
+def sh(*args, input=None):
+    p = subprocess.run(args, input=input, capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(args)}: {p.stderr.strip()}")
+
+
+class Raw:
+    """The same work straight through runsc: the floor our overhead sits on."""
+
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="bench-raw-", dir=DATA)  # same disk as the daemon's images
+        self.root = os.path.join(self.tmp, "runsc")
+        os.makedirs(self.root)
+        self.live = {}  # cid -> (netns name, bundle dir)
+
+    def runsc(self, root, *args, out=None, log_to=None):
+        cmd = [RUNSC, f"--root={root}", *FLAGS] + ([f"--log={log_to}"] if log_to else []) + list(args)
+        t0 = time.perf_counter()
+        if out is None:
+            p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+            err = p.stderr
+        else:  # detached sandboxes keep their stdio: a file, never a pipe
+            p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+            err = open(log_to).read()[-800:] if log_to and os.path.exists(log_to) else ""
+        t = ms(t0)
+        if p.returncode:
+            raise RuntimeError(f"runsc {args[0]} failed: {err.strip()[-800:]}")
+        return t
+
+    def checkpoint(self, rid):
+        img = tempfile.mkdtemp(prefix="img-", dir=self.tmp)
+        t = self.runsc(ROOT, "checkpoint", "--leave-running", "--compression=none", f"--image-path={img}", rid)
+        return t, img
+
+    def pause(self, rid, verb="pause"):
+        return self.runsc(ROOT, verb, rid)
+
+    def setup(self, src, prepared):
+        """A new container's netns and bundle (src: a runtime id or its
+        config.json), created with `runsc create` if prepared. Untimed."""
+        cid = uuid.uuid4().hex[:24]
+        ns = "cfb" + cid[:12]
+        sh("ip", "netns", "add", ns + "-r")
+        sh("ip", "netns", "add", ns + "-s")
+        b = os.path.join(self.tmp, "b-" + cid)
+        self.live[cid] = (ns, b)
+        sh("ip", "-n", ns + "-r", "link", "add", "cf0", "type", "veth", "peer", "name", "eth0",
+           "address", "02:cf:00:00:00:02", "netns", ns + "-s")
+        sh("ip", "-n", ns + "-r", "-batch", "-", input="link set lo up\naddr add 10.88.0.1/30 dev cf0\nlink set cf0 up\n")
+        sh("ip", "-n", ns + "-s", "-batch", "-", input="link set lo up\naddr add 10.88.0.2/30 dev eth0\n"
+                                                        "link set eth0 up\nroute add default via 10.88.0.1\n")
+        spec = json.loads(json.dumps(spec_of(src)))
+        spec["linux"]["cgroupsPath"] = f"/cellfork-bench/{cid}"
+        for n in spec["linux"]["namespaces"]:
+            if n["type"] == "network":
+                n["path"] = f"/run/netns/{ns}-s"
+        os.makedirs(b)
+        json.dump(spec, open(os.path.join(b, "config.json"), "w"))
+        if prepared:
+            with open(os.path.join(b, "console.log"), "a") as out:
+                self.runsc(self.root, "create", f"--bundle={b}", cid, out=out, log_to=os.path.join(b, "runsc.log"))
+        return cid
+
+    def restore(self, cid, image):
+        b = self.live[cid][1]
+        with open(os.path.join(b, "console.log"), "a") as out:
+            return self.runsc(self.root, "restore", "--detach", f"--image-path={image}", f"--bundle={b}", cid,
+                              out=out, log_to=os.path.join(b, "runsc.log"))
+
+    def restores(self, src_rid, image, n, prepared=False, parallel=False):
+        """n restores of image into new containers; returns (per-restore ms,
+        wall ms). All are checked for life, then deleted."""
+        cids = [self.setup(src_rid, prepared) for _ in range(n)]
+        try:
+            t0 = time.perf_counter()
+            if parallel:
+                with cf.ThreadPoolExecutor(n) as ex:
+                    xs = list(ex.map(lambda c: self.restore(c, image), cids))
+            else:
+                xs = [self.restore(c, image) for c in cids]
+            wall = ms(t0)
+            self.check(cids[0])
+            return xs, wall
+        finally:
+            self.delete_all(cids)
+
+    def check(self, cid):
+        ns = self.live[cid][0]
+        sh("ip", "netns", "exec", ns + "-r", sys.executable, "-c",
+           "import socket; socket.create_connection(('10.88.0.2', 49983), 5).close()")
+
+    def delete(self, cid):
+        ns, b = self.live.pop(cid)
+        subprocess.run([RUNSC, f"--root={self.root}", *FLAGS, "delete", "--force", cid], capture_output=True)
+        rmdirs(f"cellfork-bench/{cid}")
+        for s in ("-r", "-s"):
+            subprocess.run(["ip", "netns", "del", ns + s], capture_output=True)
+        shutil.rmtree(b, ignore_errors=True)
+
+    def delete_all(self, cids):
+        with cf.ThreadPoolExecutor(8) as ex:
+            list(ex.map(self.delete, cids))
+
+    def close(self):
+        self.delete_all(list(self.live))
+        rmdirs("cellfork-bench")
+        subprocess.run(["umount", "-l", os.path.join(self.root, "null-netns")], capture_output=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def rmdirs(cgroup):
+    """Removes the cgroup under every v1 controller (or the v2 root)."""
+    for p in glob.glob(f"/sys/fs/cgroup/*/{cgroup}") + glob.glob(f"/sys/fs/cgroup/{cgroup}"):
+        try:
+            os.rmdir(p)
+        except OSError:
+            pass
+
+
+def spec_of(src):
+    """A box's OCI config (src: runtime id, or the config itself)."""
+    return src if isinstance(src, dict) else json.load(open(os.path.join(DATA, "runtimes", src, "config.json")))
+
+
+def warm_image(src):
+    """The warm image the pool restores: warm-* beside the box's rootfs."""
+    rootfs = spec_of(src)["root"]["path"]
+    imgs = [d for d in glob.glob(os.path.join(os.path.dirname(rootfs), "warm-*"))
+            if ".tmp-" not in d and os.path.exists(os.path.join(d, "checkpoint.img"))]
+    if not imgs:
+        raise DaemonError(f"no warm image beside {rootfs}")
+    return max(imgs, key=os.path.getmtime)
+
+
+def rm(path):
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def dir_mb(path):
+    return sum(os.path.getsize(f) for f in glob.glob(os.path.join(path, "*"))) / 2**20
+
+
+# --- the operations -------------------------------------------------------------
+
+def op_density(api, raw, C):
+    t = Table("Memory per idle sandbox (density)",
+              "PSS in MB of the runsc sandbox + gofer processes of one sandbox (not ms). "
+              "Raw: the warm image restored with plain `runsc restore`.")
+    wait_pool()
+    time.sleep(1)  # let the last refill settle
+    ready, shells = pool_state()
+    src = spec_of(ready[0])
+    pr = pss_mb(ready)
+    ps = pss_mb(shells)
+    sbs = [api.create()[0] for _ in range(C["density"])]
+    api.run_all(sbs, "print(1)", "1")
+    time.sleep(2)
+    pc = pss_mb([rid_of(s) for s in sbs])
+    api.kill_all(sbs)
+    cid = raw.setup(src, prepared=False)
+    try:
+        raw.restore(cid, warm_image(src))
+        raw.check(cid)
+        time.sleep(2)
+        prw = list(pss_mb([cid]).values())
+    finally:
+        raw.delete(cid)
+    t.add("idle pooled sandbox, ready (warm image restored, agent up)", list(pr.values()), prw, target=40, unit="MB")
+    t.add("idle prepared shell (`runsc create`, nothing restored)", list(ps.values()))
+    t.add("idle created sandbox (after one run_code)", list(pc.values()), prw)
+    t.add("raw: warm image restored by `runsc restore`", prw)
+    return [t]
+
+
+def op_pool(api, raw, C):
+    t = Table("Create from the warm pool (pool hit)",
+              "POST /v2/sandboxes {templateID: base}, default limits, after the pool refilled. "
+              "Ratio: against restoring the warm image with raw `runsc restore`, the work the pool moves off the request.")
+    walls, totals, sts, rc, modes = [], [], [], [], {}
+    for _ in range(C["pool"]):
+        wait_pool(ready=2, shells=0)
+        t0 = time.perf_counter()
+        sb, st, wall = api.create()
+        api.run_code(sb, "print(1)", "1")
+        first = ms(t0)
+        modes[sb.get("bootMode")] = modes.get(sb.get("bootMode"), 0) + 1
+        if sb.get("bootMode") == "pool":
+            walls.append(wall)
+            totals.append(st["total"])
+            sts.append(st)
+            rc.append(first)
+        src = spec_of(rid_of(sb))
+        api.kill(sb)
+    t.note += f" Boot modes seen: {modes} (only pool hits are in the rows)."
+    xs, _ = raw.restores(src, warm_image(src), C["raw"])
+    t.add("pool hit (server total)", totals, xs, SEEDS["pool"], target=5)
+    t.phases(sts)
+    t.add("pool hit (client wall)", walls, xs)
+    t.add("pool hit + first run_code answered (client wall)", rc)
+    t.add("raw `runsc restore` of the warm image (new container)", xs)
+    return [t]
+
+
+def op_dirty(api, raw, C):
+    t = Table("Snapshot vs dirty memory",
+              "POST /sandboxes/{id}/snapshots of one sandbox (memoryMB 2048) whose REPL holds an N MB bytearray "
+              "of 0xa5; the sandbox keeps running. Raw: `runsc checkpoint --leave-running --compression=none` "
+              "of the same container to the same disk.")
+    sb = api.create(memoryMB=2048)[0]
+    rid = rid_of(sb)
+    try:
+        for n in C["dirty"]:
+            api.run_code(sb, f"x = None\nx = bytearray(b'\\xa5') * ({n} << 20)\nprint(len(x) >> 20)", str(n))
+            time.sleep(0.2)
+            totals, sts, sizes, rxs, rsizes = [], [], [], [], []
+            for i in range(C["dirty_n"] if n <= 100 else C["dirty_n_big"]):
+                if i % 2:  # alternate who goes first: first touch of fresh guest memory, writeback
+                    rxs.append(raw_ckpt(raw, rid, rsizes))
+                sn, st, _ = api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})
+                totals.append(st["total"])
+                sts.append(st)
+                sizes.append(sn["sizeBytes"] / 2**20)
+                api.call("DELETE", f"/snapshots/{sn['snapshotID']}")
+                if not i % 2:
+                    rxs.append(raw_ckpt(raw, rid, rsizes))
+            tgt = dict(seed=SEEDS["snap0"], target=40) if n == 0 else {}
+            t.add(f"snapshot, {n} MB dirty (server total; image {med(sizes):.0f} MB)", totals, rxs, **tgt)
+            t.phases(sts)
+            t.add(f"raw checkpoint, {n} MB dirty (image {med(rsizes):.0f} MB)", rxs)
+        api.run_code(sb, "x = None")
+    finally:
+        api.kill(sb)
+    return [t]
+
+
+def raw_ckpt(raw, rid, sizes):
+    r, img = raw.checkpoint(rid)
+    sizes.append(dir_mb(img))
+    rm(img)
+    return r
+
+
+def make_parent(api):
+    """An idle Python sandbox with state (x = 41) and a snapshot of it."""
+    sb = api.create()[0]
+    api.run_code(sb, "x = 41")
+    sn = api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})[0]
+    return sb, sn
+
+
+def op_restore(api, raw, C, parent):
+    sb, sn = parent
+    sid, prid, image = sn["snapshotID"], rid_of(sb), os.path.join(DATA, "snapshots", sn["snapshotID"])
+    t = Table("Create from a snapshot",
+              "POST /v2/sandboxes {templateID: <snapshot id>} (bootMode restore; the ready pool never serves "
+              "snapshots). Concurrency c: c requests at once; every new sandbox must answer run_code. "
+              "c=1 waits for the prepared shells to refill between samples.")
+    out = []
+    one, one_st, one_rc = [], [], []
+    for _ in range(C["restore1"]):
+        wait_pool(ready=0, shells=2)
+        t0 = time.perf_counter()
+        s, st, _ = api.create(sid)
+        api.run_code(s, "print(x + 1)", "42")
+        one_rc.append(ms(t0))
+        if s.get("bootMode") != "restore":
+            raise DaemonError(f"create from snapshot: bootMode {s.get('bootMode')}")
+        one.append(st["total"])
+        one_st.append(st)
+        api.kill(s)
+    fresh, _ = raw.restores(prid, image, C["raw"])
+    pre, _ = raw.restores(prid, image, C["raw"], prepared=True)
+    t.add("c=1 (server total)", one, pre, SEEDS["restore"], target=80)
+    t.phases(one_st)
+    t.add("c=1 + first run_code answered (client wall)", one_rc, fresh)
+    t.add("raw `runsc restore` into a pre-created container (c=1)", pre)
+    t.add("raw `runsc restore` into a new container (c=1)", fresh)
+    for c in C["conc"]:
+        totals, sts, walls, alls = [], [], [], []
+        for _ in range(C["bursts"]):
+            wait_pool()
+            t0 = time.perf_counter()
+            with cf.ThreadPoolExecutor(c) as ex:
+                res = list(ex.map(lambda _: api.create(sid), range(c)))
+            walls.append(ms(t0))
+            api.run_all([r[0] for r in res], "print(x + 1)", "42")
+            alls.append(ms(t0))
+            totals += [r[1]["total"] for r in res]
+            sts += [r[1] for r in res]
+            api.kill_all([r[0] for r in res])
+        rx, rwall = raw.restores(prid, image, c, parallel=True)
+        t.add(f"c={c}, per request (server total)", totals, rx)
+        t.phases(sts)
+        t.add(f"c={c}, whole burst until all answer run_code (client wall)", alls, [rwall])
+        t.add(f"raw: {c} parallel `runsc restore` into new containers, per restore", rx)
+        t.add(f"raw: {c} parallel `runsc restore`, whole burst", [rwall])
+    out.append(t)
+    return out
+
+
+def op_fork(api, raw, C, parent):
+    sb, _ = parent
+    prid = rid_of(sb)
+    t = Table("Fork",
+              "POST /sandboxes/{id}/fork {count: n} of an idle Python sandbox (x = 41); every child must answer "
+              "run_code('print(x + 1)') = 42. Raw: `runsc checkpoint --leave-running` + n parallel "
+              "`runsc restore` into new containers (wall). Child phases are means per child; fork records no queue "
+              "phase, so children minus a child's phases is mostly waiting for one of the start slots.")
+    for n in C["fork"]:
+        totals, sts, walls, alls, errs = [], [], [], [], 0
+        for _ in range(C["fork_reps"][n]):
+            wait_pool()
+            t0 = time.perf_counter()
+            res, st, wall = api.call("POST", f"/sandboxes/{sb['sandboxID']}/fork", {"count": n, "timeout": 1800})
+            kids = [r["sandbox"] for r in res if r.get("sandbox")]
+            errs += sum(1 for r in res if r.get("error"))
+            for k in kids:
+                api.owned.add(k["sandboxID"])
+            api.run_all(kids, "print(x + 1)", "42")
+            alls.append(ms(t0))
+            totals.append(st["total"])
+            sts.append(st)
+            walls.append(wall)
+            api.kill_all(kids)
+        if errs:
+            log(f"fork({n}): {errs} children failed")
+        ck, img = raw.checkpoint(prid)
+        try:
+            _, rwall = raw.restores(prid, img, n, parallel=True)
+        finally:
+            rm(img)
+        rawfork = [ck + rwall]
+        seed = SEEDS.get(f"fork{n}", "")
+        t.add(f"fork({n}) (server total)" + (f", {errs} failed children" if errs else ""), totals, rawfork, seed,
+              target=80 if n == 1 else None)
+        t.phases(sts, per=[n] * len(sts))
+        t.add(f"fork({n}) until all {n} answer run_code (client wall)", alls, rawfork,
+              target=250 if n == 5 else None)
+        t.add(f"raw fork({n}): checkpoint {ck:.0f} ms + {n} parallel restore{'s' * (n > 1)} {rwall:.0f} ms", rawfork)
+    return [t]
+
+
+def op_rollback(api, raw, C, parent):
+    t = Table("Rollback",
+              "POST /sandboxes/{id}/rollback {snapshotID} after the REPL changed x; the sandbox keeps its id. "
+              "Client wall runs until run_code shows the snapshot's x again. Raw: `runsc restore` of the same image "
+              "into a pre-created container (the daemon restores into a prepared shell, deletes the old one async).")
+    sb = api.create()[0]
+    try:
+        api.run_code(sb, "x = 1")
+        sn = api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})[0]
+        totals, sts, alls = [], [], []
+        for _ in range(C["rollback"]):
+            api.run_code(sb, "x = 2")
+            wait_pool(ready=0, shells=2)
+            t0 = time.perf_counter()
+            _, st, _ = api.call("POST", f"/sandboxes/{sb['sandboxID']}/rollback", {"snapshotID": sn["snapshotID"]})
+            api.run_code(sb, "print(x)", "1")
+            alls.append(ms(t0))
+            totals.append(st["total"])
+            sts.append(st)
+        image = os.path.join(DATA, "snapshots", sn["snapshotID"])
+        pre, _ = raw.restores(rid_of(sb), image, C["raw"], prepared=True)
+        t.add("rollback (server total)", totals, pre, SEEDS["rollback"], target=80)
+        t.phases(sts)
+        t.add("rollback + first run_code answered (client wall)", alls, pre)
+        t.add("raw `runsc restore` into a pre-created container", pre)
+        api.call("DELETE", f"/snapshots/{sn['snapshotID']}")
+    finally:
+        api.kill(sb)
+    return [t]
+
+
+def op_pause(api, raw, C):
+    t = Table("Pause / resume",
+              "POST /sandboxes/{id}/pause (freeze: memory stays) or pause {spill: true} (state written to disk, "
+              "memory freed); POST /v2/sandboxes/{id}/connect resumes. Raw: `runsc pause`/`resume` of the same "
+              "container; for spill `runsc checkpoint --leave-running` of it, for resume from disk `runsc restore` of "
+              "that image into a pre-created container.")
+    sb = api.create()[0]
+    path = f"/sandboxes/{sb['sandboxID']}"
+    try:
+        api.run_code(sb, "x = 7")
+        fz, fz_st, rm_, rm_st, rm_rc = [], [], [], [], []
+        for _ in range(C["pause"]):
+            _, st, _ = api.call("POST", path + "/pause", {})
+            fz.append(st["total"])
+            fz_st.append(st)
+            if api.state(sb) != "paused":
+                raise DaemonError("sandbox not paused after pause")
+            t0 = time.perf_counter()
+            _, st, _ = api.call("POST", f"/v2{path}/connect", {})
+            api.run_code(sb, "print(x)", "7")
+            rm_rc.append(ms(t0))
+            rm_.append(st["total"])
+            rm_st.append(st)
+        rid = rid_of(sb)
+        rp, rr = [], []
+        for _ in range(C["pause"]):
+            rp.append(raw.pause(rid))
+            rr.append(raw.pause(rid, "resume"))
+        api.run_code(sb, "print(x)", "7")
+        sp, sp_st, rd, rd_st, rd_rc = [], [], [], [], []
+        for _ in range(C["spill"]):
+            wait_pool(ready=0, shells=2)
+            _, st, _ = api.call("POST", path + "/pause", {"spill": True})
+            sp.append(st["total"])
+            sp_st.append(st)
+            t0 = time.perf_counter()
+            _, st, _ = api.call("POST", f"/v2{path}/connect", {})
+            api.run_code(sb, "print(x)", "7")
+            rd_rc.append(ms(t0))
+            rd.append(st["total"])
+            rd_st.append(st)
+        rid = rid_of(sb)
+        ck, pre = [], []
+        for _ in range(C["spill"]):
+            c, img = raw.checkpoint(rid)
+            ck.append(c)
+            pre += raw.restores(rid, img, 1, prepared=True)[0]
+            rm(img)
+        t.add("pause, freeze (server total)", fz, rp, SEEDS["pause"], target=10)
+        t.phases(fz_st)
+        t.add("resume from memory (server total)", rm_, rr, SEEDS["resume"], target=10)
+        t.phases(rm_st)
+        t.add("resume from memory + first run_code answered (client wall)", rm_rc, rr)
+        t.add("pause + spill to disk (server total)", sp, ck)
+        t.phases(sp_st, skip=("total", "spill"))
+        t.add("  · spill (checkpoint + bookkeeping)", [s.get("spill") for s in sp_st], ck, target=60)
+        t.add("resume from disk (server total)", rd, pre, target=120)
+        t.phases(rd_st)
+        t.add("resume from disk + first run_code answered (client wall)", rd_rc, pre)
+        t.add("raw `runsc pause`", rp)
+        t.add("raw `runsc resume`", rr)
+        t.add("raw `runsc checkpoint --leave-running` (spill's work)", ck)
+        t.add("raw `runsc restore` into a pre-created container (resume from disk's work)", pre)
+    finally:
+        api.kill(sb)
+    return [t]
+
+
+# --- leak check, main -------------------------------------------------------------
+
+def leak_check(api):
+    """After everything we made is gone: what the daemon still holds."""
+    time.sleep(2)  # async destroys (rollback's old boxes) finish
+    recs = records()
+    cs = containers()
+    ready, shells = pool_state()
+    other = [c["id"] for c in cs if c["id"] not in recs and c["id"] not in ready + shells]
+    netns = [n for n in os.listdir("/run/netns")]
+    dirs = {d: os.listdir(os.path.join(DATA, d)) for d in ("forks", "paused", "snapshots", "runtimes")
+            if os.path.isdir(os.path.join(DATA, d))}
+    snaps = api.call("GET", "/snapshots")[0]
+    lines = [f"- runsc containers: {len(cs)} ({len(ready)} ready, {len(shells)} shells, {len(recs)} with a record,"
+             f" {len(other)} other: {' '.join(c['id'] + '=' + c['status'] for c in cs if c['id'] in other)})",
+             f"- sandbox records left: {len(recs)}; snapshot records left: {len(snaps)}; data dirs: " +
+             ", ".join(f"{d}/ {len(v)}" for d, v in dirs.items()),
+             f"- cfb* (bench) netns left: {len([n for n in netns if n.startswith('cfb')])}"]
+    if STUCK:
+        lines.append(f"- the pool failed to refill {len(STUCK)} times: {STUCK[0]}")
+    errs = [x for x in open(os.environ.get("CELLFORK_DAEMON_LOG", os.devnull)) if "level=ERROR" in x]
+    kinds = {}
+    for e in errs:
+        kinds.setdefault(e.split(" msg=")[-1].split(" err=")[0], e.strip())
+    lines.append(f"- daemon log: {len(errs)} ERROR lines" + "".join(f"\n  - {k}: `{v[:400]}`" for k, v in kinds.items()))
+    return lines
+
+
+def counts(quick):
+    if quick:
+        return dict(density=2, pool=5, raw=3, dirty=[0, 50, 100, 200, 500], dirty_n=2, dirty_n_big=2,
+                    restore1=3, conc=[10, 20], bursts=1, fork=[1, 5, 10, 20],
+                    fork_reps={1: 3, 5: 2, 10: 1, 20: 1}, rollback=3, pause=3, spill=2)
+    return dict(density=3, pool=20, raw=8, dirty=[0, 50, 100, 200, 500], dirty_n=5, dirty_n_big=3,
+                restore1=10, conc=[10, 20], bursts=2, fork=[1, 5, 10, 20],
+                fork_reps={1: 8, 5: 4, 10: 2, 20: 2}, rollback=10, pause=10, spill=5)
+
+
+OPS = ["density", "pool", "dirty", "restore", "fork", "rollback", "pause"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer samples (~2 minutes)")
+    ap.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
+    args = ap.parse_args()
+    ops = args.ops.split(",")
+    if bad := set(ops) - set(OPS):
+        ap.error(f"unknown ops {bad}")
+    C = counts(args.quick)
+    api, raw = Api(), Raw()
+    t_start, load0 = time.time(), os.getloadavg()[0]
+    tables, failures, parent = [], [], None
+    try:
+        for op in ops:
+            log(f"{op} ...")
+            t0 = time.time()
+            try:
+                if op in ("restore", "fork", "rollback") and parent is None:
+                    parent = make_parent(api)
+                fn = globals()["op_" + op]
+                tables += fn(api, raw, C, parent) if op in ("restore", "fork", "rollback") else fn(api, raw, C)
+            except Exception as e:  # report and go on with the next operation
+                failures.append(f"- {op}: {type(e).__name__}: {e}")
+                log(f"{op} FAILED: {e}")
+            log(f"{op} done in {time.time() - t0:.0f}s")
+    finally:
+        if parent:
+            api.call("DELETE", f"/snapshots/{parent[1]['snapshotID']}")
+        for sid in list(api.owned):
+            try:
+                api.kill({"sandboxID": sid})
+            except Exception as e:
+                failures.append(f"- cleanup of {sid}: {e}")
+        raw.close()
+    leaks = leak_check(api)
+    print(f"cellfork fork-first bench — {time.strftime('%Y-%m-%d %H:%M')} — {os.cpu_count()} CPUs, "
+          f"load average {load0:.1f} at start / {os.getloadavg()[0]:.1f} at end, "
+          f"{'quick' if args.quick else 'full'} run in {time.time() - t_start:.0f} s; times in ms, loopback client\n")
+    for t in tables:
+        print(t.render())
+    print("### State after the run\n")
+    print("\n".join(leaks))
+    if failures:
+        print("\n### Failures\n")
+        print("\n".join(failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
