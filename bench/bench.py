@@ -6,7 +6,7 @@ Measures, against a running daemon (CELLFORK_URL, CELLFORK_API_KEY):
 and in the same run the raw gVisor equivalents (`runsc run`, `runsc exec`)
 on the same rootfs, so our overhead shows as a ratio. Needs root.
 
-    scripts/bench.sh            # starts a throwaway daemon, runs this
+    scripts/bench.sh --suite core [--quick]   # starts a throwaway daemon, runs this
 """
 
 import argparse
@@ -141,7 +141,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=100, help="samples for the hot paths")
     ap.add_argument("--n-create", type=int, default=20, help="samples for create")
+    ap.add_argument("--quick", action="store_true", help="fewer samples (--n 20 --n-create 5)")
     args = ap.parse_args()
+    if args.quick:
+        args.n, args.n_create = min(args.n, 20), min(args.n_create, 5)
     rootfs = sorted(glob.glob(os.path.join(os.environ.get("DATA_DIR", "/var/lib/cellfork"), "templates/base/*/rootfs")))[-1]
 
     raw = RawRunsc(rootfs)
