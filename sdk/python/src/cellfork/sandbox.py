@@ -339,7 +339,9 @@ class Sandbox:
         """Freeze the sandbox: its processes stop and its timeout no longer
         runs; :meth:`connect` resumes it exactly. After a while the daemon
         moves a paused sandbox to disk; ``spill=True`` does so now, freeing
-        its memory. Returns False if it was already paused."""
+        its memory (also for a sandbox paused earlier). Returns False if it
+        was already paused and there was nothing to do (always True with
+        ``spill=True``)."""
         return parse_paused(self._http.request(self._core.pause_request(spill, request_timeout)))
 
     def merge(self, child: "Sandbox | str", *, request_timeout: float | None = None) -> None:

@@ -208,12 +208,17 @@ def test_rollback_errors(make, made):
 # --- pause / resume ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spill", [False, True], ids=["memory", "disk"])
-def test_pause_and_resume_keep_state(make, client_kwargs, spill):
+@pytest.mark.parametrize("how", ["memory", "spill", "spill-later"])
+def test_pause_and_resume_keep_state(make, client_kwargs, how):
+    # memory: resumed at once (before the daemon's --spill-after);
+    # spill: pause(spill=True) writes it to disk before returning;
+    # spill-later: a sandbox paused earlier is moved to disk by pause(spill=True).
     sb = make()
     pid = set_state(sb, "before pause")
-    assert sb.pause(spill=spill) is True
+    assert sb.pause(spill=how == "spill") is True
     assert sb.pause() is False  # already paused
+    if how == "spill-later":
+        assert sb.pause(spill=True) is True
     assert sb.get_info().state == "paused"
     listed = {s.sandbox_id: s for s in Sandbox.list(state=["paused"], **client_kwargs)}
     assert sb.sandbox_id in listed

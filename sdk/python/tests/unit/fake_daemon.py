@@ -151,9 +151,12 @@ class FakeDaemon:
     def lineage(self, sid: str, action: str, body: dict[str, Any]) -> httpx.Response:
         sb = self.sandboxes[sid]
         if action == "pause":
+            if body.get("spill"):  # moves a paused sandbox to disk too
+                sb["paused"] = sb["spilled"] = True
+                return httpx.Response(204)
             if sb["paused"]:
                 return _json(409, {"code": 409, "message": f"sandbox {sid} is already paused"})
-            sb["paused"], sb["spilled"] = True, bool(body.get("spill"))
+            sb["paused"], sb["spilled"] = True, False
             return httpx.Response(204)
         if action == "snapshots":
             name = body.get("name")

@@ -92,7 +92,8 @@ def test_sync_pause_connect_resume(daemon):
     assert sb.get_info().state == "running"
     assert sb.pause(spill=True) is True
     assert daemon.sandboxes["sbx1"]["spilled"] is True
-    assert _bodies(daemon, "/sandboxes/sbx1/pause") == [{}, {}, {"spill": True}]
+    assert sb.pause(spill=True) is True  # already paused: moved to disk (again)
+    assert _bodies(daemon, "/sandboxes/sbx1/pause") == [{}, {}, {"spill": True}, {"spill": True}]
     resumed.close()
     sb.kill()
     with pytest.raises(SandboxNotFoundError):
