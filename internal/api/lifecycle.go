@@ -138,7 +138,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	for _, sn := range all {
 		key := sn.CreatedAt.Format("20060102150405.000000000") + ":" + sn.ID
 		if key <= after && after != "" || q.Get("sandboxID") != "" && sn.SandboxID != q.Get("sandboxID") ||
-			q.Get("name") != "" && !slices.Contains(sn.Names, q.Get("name")) {
+			q.Get("name") != "" && q.Get("name") != sn.ID && !slices.Contains(sn.Names, q.Get("name")) {
 			continue
 		}
 		if len(page) == limit {

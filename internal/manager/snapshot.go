@@ -79,9 +79,6 @@ func (m *Manager) checkName(ctx context.Context, name string) error {
 	if _, err := template.Resolve(name); err == nil || name == "usage" {
 		return errdefs.New(errdefs.ErrInvalidArgument, "snapshot name %q is reserved", name)
 	}
-	if _, err := m.findSnapshot(ctx, name); err == nil {
-		return errdefs.New(errdefs.ErrAlreadyExists, "a snapshot named %q already exists", name)
-	}
 	return nil
 }
 
@@ -127,15 +124,19 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snaps
 	return sn, nil
 }
 
-// recordSnapshot stores a new snapshot, checking again, under the lock that
-// deletes take, that its name is free and its parent still exists (a
-// concurrent snapshot or delete may have won the race).
+// recordSnapshot stores a new snapshot under the lock that deletes take. A
+// name moves to the newest snapshot that takes it (as E2B's named
+// snapshots do: the older one stays, reachable by id); a parent deleted
+// meanwhile is dropped.
 func (m *Manager) recordSnapshot(ctx context.Context, sn *sandbox.Snapshot) error {
 	m.snap.Lock()
 	defer m.snap.Unlock()
 	if len(sn.Names) > 0 {
-		if err := m.checkName(ctx, sn.Names[0]); err != nil {
-			return err
+		if old, err := m.findSnapshot(ctx, sn.Names[0]); err == nil {
+			old.Names = slices.DeleteFunc(old.Names, func(n string) bool { return n == sn.Names[0] })
+			if err := m.st.PutSnapshot(ctx, old); err != nil {
+				return err
+			}
 		}
 	}
 	if sn.ParentID != "" {

@@ -212,9 +212,16 @@ func (r *Registry) installAgent(rootfs string) error {
 	return nil
 }
 
-// InUse marks dir as used by this process until release: Prune leaves it
-// alone. (A shared flock on dir + ".inuse"; any number of daemons may hold
-// it.)
+// inUse holds the lock files of InUse: a flock lasts as long as its file
+// is open, and an unreferenced *os.File is closed by the garbage collector.
+var inUse struct {
+	sync.Mutex
+	files map[*os.File]bool
+}
+
+// InUse marks dir as used by this process until release (or exit): Prune
+// leaves it alone. (A shared flock on dir + ".inuse"; any number of
+// daemons may hold it.)
 func InUse(dir string) (release func(), err error) {
 	f, err := os.OpenFile(dir+".inuse", os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
@@ -224,7 +231,18 @@ func InUse(dir string) (release func(), err error) {
 		f.Close()
 		return nil, err
 	}
-	return func() { f.Close() }, nil
+	inUse.Lock()
+	if inUse.files == nil {
+		inUse.files = map[*os.File]bool{}
+	}
+	inUse.files[f] = true
+	inUse.Unlock()
+	return func() {
+		inUse.Lock()
+		delete(inUse.files, f)
+		inUse.Unlock()
+		f.Close()
+	}, nil
 }
 
 // Prune removes dir unless some process holds it InUse, and reports

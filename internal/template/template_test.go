@@ -3,6 +3,7 @@ package template
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 )
 
@@ -17,6 +18,12 @@ func TestPruneSkipsWhatIsInUse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A second holder that drops its release func must keep its lock too.
+	if _, err := InUse(dir); err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC() // the lock must not depend on the caller keeping a reference
+	runtime.GC()
 	if Prune(dir) {
 		t.Fatal("pruned a directory in use")
 	}
@@ -24,11 +31,8 @@ func TestPruneSkipsWhatIsInUse(t *testing.T) {
 		t.Fatal("directory in use is gone")
 	}
 	release()
-	if !Prune(dir) {
-		t.Fatal("did not prune a released directory")
-	}
-	if _, err := os.Stat(dir); err == nil {
-		t.Fatal("directory still there")
+	if Prune(dir) {
+		t.Fatal("pruned a directory the second holder still uses")
 	}
 }
 
@@ -48,5 +52,23 @@ func TestResolveAndHash(t *testing.T) {
 	}
 	if len(Preimport("base")) == 0 {
 		t.Error("base pre-imports nothing")
+	}
+}
+
+func TestPruneAfterRelease(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "rootfs-old")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	release, err := InUse(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if !Prune(dir) {
+		t.Fatal("did not prune a released directory")
+	}
+	if _, err := os.Stat(dir); err == nil {
+		t.Fatal("directory still there")
 	}
 }

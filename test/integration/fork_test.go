@@ -125,9 +125,17 @@ func TestSnapshotCreateFromSnapshot(t *testing.T) {
 	if r.status != 200 || !strings.Contains(string(r.body), sid) || !strings.Contains(string(r.body), name) {
 		t.Errorf("list snapshots: %d %s", r.status, r.body)
 	}
-	if r := call(t, "POST", "/sandboxes/"+parent.SandboxID+"/snapshots", map[string]string{"name": name}); r.status != 409 {
-		t.Errorf("duplicate snapshot name: %d %s", r.status, r.body)
+	// A name moves to the newest snapshot that takes it (E2B semantics).
+	mutate(t, parent, "snap-2")
+	newer := snapshotOf(t, parent.SandboxID, name)
+	var got struct {
+		SnapshotID string `json:"snapshotID"`
 	}
+	call(t, "GET", "/snapshots/"+name, nil).json(t, &got)
+	if got.SnapshotID != newer {
+		t.Errorf("name %q points at %s, want the newer %s", name, got.SnapshotID, newer)
+	}
+	mutate(t, parent, st.value)
 	for _, bad := range []string{"-x", "base", "usage", strings.Repeat("n", 200)} {
 		if r := call(t, "POST", "/sandboxes/"+parent.SandboxID+"/snapshots", map[string]string{"name": bad}); r.status != 400 {
 			t.Errorf("snapshot name %.20q: %d %s", bad, r.status, r.body)
