@@ -53,7 +53,7 @@ func crashDaemon(t *testing.T, delay time.Duration) {
 	time.Sleep(delay)
 	addr := strings.TrimPrefix(d.url, "http://")
 	_ = d.cmd.Process.Signal(syscall.SIGKILL)
-	time.Sleep(100 * time.Millisecond)
+	<-d.exited
 	nd, err := startDaemon(d.dataDir, addr)
 	if err != nil {
 		t.Fatal(err)

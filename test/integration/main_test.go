@@ -33,6 +33,7 @@ type daemon struct {
 	url     string
 	dataDir string
 	cmd     *exec.Cmd
+	exited  chan struct{} // closed when the process has exited
 	log     *bytes.Buffer
 	logMu   *sync.Mutex
 }
@@ -124,7 +125,8 @@ func startDaemonWith(dataDir, addr string, extra ...string) (*daemon, error) {
 	if err := dm.cmd.Start(); err != nil {
 		return nil, err
 	}
-	exited := make(chan struct{})
+	dm.exited = make(chan struct{})
+	exited := dm.exited
 	go func() { _ = dm.cmd.Wait(); close(exited) }()
 	deadline := time.Now().Add(10 * time.Minute) // a first run may build the template
 	for time.Now().Before(deadline) {
@@ -151,8 +153,11 @@ func (dm *daemon) logs() string {
 // stop sends SIGTERM and waits: sandboxes survive, as in production.
 func (dm *daemon) stop() {
 	_ = dm.cmd.Process.Signal(unix.SIGTERM)
-	for i := 0; i < 100 && dm.cmd.ProcessState == nil; i++ {
-		time.Sleep(50 * time.Millisecond)
+	select {
+	case <-dm.exited:
+	case <-time.After(10 * time.Second):
+		_ = dm.cmd.Process.Kill()
+		<-dm.exited
 	}
 }
 

@@ -29,7 +29,7 @@ func TestDaemonRestart(t *testing.T) {
 	stray := strayNetns(t)
 	addr := strings.TrimPrefix(d.url, "http://")
 	_ = d.cmd.Process.Signal(unix.SIGKILL)
-	time.Sleep(200 * time.Millisecond)
+	<-d.exited
 	for _, suffix := range []string{"-r", "-s"} {
 		if err := exec.Command("ip", "netns", "add", stray+suffix).Run(); err != nil {
 			t.Fatal(err)
