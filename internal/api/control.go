@@ -45,6 +45,8 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("POST /sandboxes/{id}/fork", s.fork)
 	s.mux.HandleFunc("POST /sandboxes/{id}/rollback", s.rollback)
 	s.mux.HandleFunc("POST /sandboxes/{id}/merge", s.merge)
+	s.mux.HandleFunc("PUT /sandboxes/{id}/network", s.updateNetwork)
+	s.mux.HandleFunc("GET /sandboxes/{id}/network", s.getNetwork)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, requestID(w), http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
@@ -83,6 +85,7 @@ type newSandboxBody struct {
 	AutoPause           *bool             `json:"autoPause"`
 	CPUCount            int               `json:"cpuCount"`
 	MemoryMB            int               `json:"memoryMB"`
+	Network             *networkBody      `json:"network"`
 }
 
 // autoPauseRequested reads E2B's lifecycle: autoPause true = pause on
@@ -138,6 +141,14 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	req := manager.CreateRequest{TemplateID: *b.TemplateID, Metadata: b.Metadata, Envs: b.EnvVars,
 		CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, OnTimeout: b.onTimeout()}
+	if b.Network != nil || b.AllowInternetAccess != nil {
+		n, err := b.Network.policy(b.AllowInternetAccess)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		req.Network = &n
+	}
 	if b.Timeout != nil {
 		if *b.Timeout <= 0 {
 			s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "timeout must be a positive number of seconds"))
@@ -160,6 +171,7 @@ type detailBody struct {
 	EnvdAccessToken     string         `json:"envdAccessToken"`
 	Domain              *string        `json:"domain"`
 	AllowInternetAccess bool           `json:"allowInternetAccess"`
+	Network             networkOut     `json:"network"`
 	Lifecycle           map[string]any `json:"lifecycle"`
 	// Ours: where the sandbox's state comes from.
 	ParentSandboxID string `json:"parentSandboxID,omitempty"`
@@ -198,7 +210,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, detailBody{
 		listedBody: listedJSON(sb), EnvdAccessToken: sb.AccessToken, Domain: s.domain(),
-		AllowInternetAccess: false,
+		AllowInternetAccess: sb.Network.AllowInternet, Network: networkJSON(sb.Network),
 		Lifecycle:           map[string]any{"autoResume": false, "onTimeout": sb.OnTimeout},
 		ParentSandboxID:     sb.ParentID, SnapshotID: sb.BaseSnapshot, BootMode: sb.BootMode,
 	})

@@ -138,10 +138,17 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 // checkAccess enforces the sandbox's tokens and returns "" when allowed.
 // envd and the code interpreter need the envd access token (X-Access-Token)
 // or the traffic token; /files also accepts a signed URL; /health is open.
-// User ports are public, as on E2B by default.
+// User ports are public unless the sandbox was created with
+// allowPublicTraffic false: then they need the traffic token, as on E2B.
 func (s *Server) checkAccess(r *http.Request, t target, sb *sandbox.Sandbox) string {
 	if t.port != manager.EnvdPort && t.port != manager.CodeInterpreterPort {
-		return ""
+		if sb.Network.AllowPublicTraffic {
+			return ""
+		}
+		if v := r.Header.Get("E2b-Traffic-Access-Token"); v != "" && subtle.ConstantTimeCompare([]byte(v), []byte(sb.AccessToken)) == 1 {
+			return ""
+		}
+		return "this sandbox's ports are private: send its trafficAccessToken in the E2B-Traffic-Access-Token header"
 	}
 	if r.URL.Path == "/health" {
 		return ""

@@ -145,7 +145,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	if err := m.Reconcile(ctx); err != nil {
 		log.Warn("reconcile incomplete", "err", err)
 	}
-	m.Start(ctx)
+	if err := m.Start(ctx); err != nil {
+		return fmt.Errorf("starting: %w", err)
+	}
 	defer m.Close()
 	h := api.New(api.Config{APIKeys: cfg.APIKeys, Domain: cfg.Domain, MaxUploadBytes: cfg.MaxUploadBytes}, m, log)
 	return serve(ctx, cfg.Addr, h, log, out)

@@ -28,6 +28,8 @@ type CreateRequest struct {
 	CPUCount   int
 	MemoryMB   int
 	OnTimeout  string // "kill" (default) or "pause"
+	// Network is the policy; nil means the snapshot's, or the default.
+	Network *sandbox.Network
 }
 
 // Limits on caller-supplied maps, so a request cannot bloat the store.
@@ -84,6 +86,11 @@ func (m *Manager) normalize(req *CreateRequest) error {
 	}
 	if req.OnTimeout == "" {
 		req.OnTimeout = "kill"
+	}
+	if req.Network != nil {
+		if _, err := policyOf(*req.Network); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -149,8 +156,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *sandbox.San
 		CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, DiskSizeMB: req.MemoryMB,
 		AccessToken: randomHex(16), OnTimeout: req.OnTimeout, Rootfs: src.rootfs,
 	}
+	rec.Network = sandbox.DefaultNetwork
 	if src.snapshot != nil {
-		rec.BaseSnapshot = src.snapshot.ID
+		rec.BaseSnapshot, rec.Network = src.snapshot.ID, cloneNetwork(src.snapshot.Network)
+	}
+	if req.Network != nil {
+		rec.Network = cloneNetwork(*req.Network)
 	}
 	limits := sandbox.Limits{CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, PidsMax: m.cfg.DefaultLimits.PidsMax}
 	b, mode, err := m.startBox(ctx, src, limits)
@@ -194,7 +205,10 @@ func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limit
 // is destroyed and nothing is left.
 func (m *Manager) adoptNew(ctx context.Context, rec *sandbox.Sandbox, b *box, envs map[string]string) error {
 	t0 := time.Now()
-	err := m.st.Put(ctx, rec)
+	err := m.applyPolicy(b, rec.Network)
+	if err == nil {
+		err = m.st.Put(ctx, rec)
+	}
 	if err == nil {
 		err = m.postInit(ctx, b.transport, envs)
 	}

@@ -4,6 +4,7 @@
 package manager
 
 import (
+	"net/netip"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/netns"
 	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/template"
 )
@@ -64,9 +66,10 @@ type Manager struct {
 	tpl *template.Registry
 	log *slog.Logger
 
-	adm    *admission
-	pool   *pool
-	images imageRefs
+	adm      *admission
+	pool     *pool
+	images   imageRefs
+	hostNets []netip.Prefix // the host's networks: no sandbox may reach them
 
 	// netPrefix starts the names of this daemon's network namespaces
 	// ("cf<hash of the data dir>-<runtime id>-r/-s"), so that daemons on
@@ -100,13 +103,23 @@ func New(cfg Config, rt sandbox.Runtime, st sandbox.Store, tpl *template.Registr
 	return m
 }
 
-// Start warms the built-in template and starts the pool's refill loop.
-func (m *Manager) Start(ctx context.Context) {
+// Start sets up the host's side of sandbox egress, warms the built-in
+// template and starts the pool's refill loop.
+func (m *Manager) Start(ctx context.Context) error {
+	nets, err := netns.HostNetworks()
+	if err != nil {
+		return err
+	}
+	if err := netns.SetupHost(nets); err != nil {
+		return err
+	}
+	m.hostNets = nets
 	go m.pool.run()
 	if err := m.Warm(ctx, "base"); err != nil {
 		// Creates still work: they boot instead of restoring.
 		m.log.Error("no warm image; creates will boot", "template", "base", "err", err)
 	}
+	return nil
 }
 
 // newID returns a 20-character lowercase alphanumeric id, like E2B's.
@@ -183,6 +196,7 @@ func cloneRecord(r *sandbox.Sandbox) *sandbox.Sandbox {
 	c := *r
 	c.Metadata = maps.Clone(r.Metadata)
 	c.Envs = maps.Clone(r.Envs)
+	c.Network = cloneNetwork(r.Network)
 	return &c
 }
 

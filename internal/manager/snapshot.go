@@ -108,6 +108,7 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snaps
 		ID: sid, Names: []string{}, ParentID: l.rec.BaseSnapshot, SandboxID: id, TemplateID: l.rec.TemplateID,
 		Rootfs: l.rec.Rootfs, Image: dir, SizeBytes: imageSize(dir), CreatedAt: time.Now().UTC(),
 		Envs: maps.Clone(l.rec.Envs), CPUCount: l.rec.CPUCount, MemoryMB: l.rec.MemoryMB,
+		Network: cloneNetwork(l.rec.Network),
 	}
 	if name != "" {
 		sn.Names = []string{name}
@@ -311,7 +312,7 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.S
 	nb, err := m.restoreBox(ctx, sn.Image, sn.Rootfs, l.box.limits)
 	release()
 	if err == nil {
-		if err = m.postInit(ctx, nb.transport, nil); err != nil {
+		if err = errors.Join(m.applyPolicy(nb, l.rec.Network), m.postInit(ctx, nb.transport, nil)); err != nil {
 			m.destroyBox(context.WithoutCancel(ctx), nb)
 		}
 	}
@@ -428,6 +429,9 @@ func (m *Manager) Merge(ctx context.Context, parentID, childID string) (*sandbox
 	}
 	if p.rec.State != sandbox.StateRunning || c.rec.State != sandbox.StateRunning {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "both sandboxes must be running to merge")
+	}
+	if err := m.applyPolicy(c.box, p.rec.Network); err != nil { // the parent's policy stays
+		return nil, err
 	}
 	old := p.box
 	prev := *p.rec

@@ -77,6 +77,9 @@ func Create(name string) (_ *Network, err error) {
 	if err := configure(r, s); err != nil {
 		return nil, fmt.Errorf("configuring network %s: %w", name, err)
 	}
+	if err := n.attachUplink(); err != nil {
+		return nil, fmt.Errorf("attaching uplink to network %s: %w", name, err)
+	}
 	return n, nil
 }
 

@@ -46,7 +46,22 @@ type Sandbox struct {
 	// BootMode says how the sandbox was started: "pool", "restore" or
 	// "boot".
 	BootMode string
+	// Network is the sandbox's network policy.
+	Network Network
 }
+
+// Network is a sandbox's network policy, as E2B's API states it. Egress to
+// the host, the daemon, other sandboxes and link-local addresses is denied
+// whatever it says.
+type Network struct {
+	AllowInternet      bool     // public destinations not in DenyOut
+	AllowOut           []string // IPv4 addresses and CIDRs allowed even if private
+	DenyOut            []string // IPv4 addresses and CIDRs denied
+	AllowPublicTraffic bool     // user ports reachable without the traffic token
+}
+
+// DefaultNetwork is E2B's default: internet on, ports public.
+var DefaultNetwork = Network{AllowInternet: true, AllowPublicTraffic: true}
 
 // Snapshot is the durable record of a saved sandbox state. Snapshots form a
 // tree through ParentID.
@@ -65,6 +80,7 @@ type Snapshot struct {
 	Envs     map[string]string
 	CPUCount int
 	MemoryMB int
+	Network  Network
 }
 
 // Limits are the resources given to one sandbox.

@@ -1,0 +1,109 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/sandbox"
+)
+
+// networkBody is E2B's create-time `network` object and, with
+// allow_internet_access, its SandboxNetworkUpdateConfig.
+type networkBody struct {
+	AllowPublicTraffic *bool          `json:"allowPublicTraffic"`
+	AllowOut           []string       `json:"allowOut"`
+	DenyOut            []string       `json:"denyOut"`
+	DNSServers         []string       `json:"dnsServers"`
+	EgressProxy        map[string]any `json:"egressProxy"`
+	MaskRequestHost    *string        `json:"maskRequestHost"`
+	HTTPSPorts         []int          `json:"httpsPorts"`
+	Rules              map[string]any `json:"rules"`
+}
+
+// policy turns the E2B shape into ours. Options we do not implement are
+// refused, not ignored. A nil body is E2B's default.
+func (b *networkBody) policy(allowInternet *bool) (sandbox.Network, error) {
+	n := sandbox.DefaultNetwork
+	if allowInternet != nil {
+		n.AllowInternet = *allowInternet
+	}
+	if b == nil {
+		return n, nil
+	}
+	switch {
+	case len(b.DNSServers) > 0:
+		return n, errdefs.New(errdefs.ErrInvalidArgument, "network.dnsServers is not supported")
+	case b.EgressProxy != nil:
+		return n, errdefs.New(errdefs.ErrInvalidArgument, "network.egressProxy is not supported")
+	case b.MaskRequestHost != nil || len(b.HTTPSPorts) > 0 || len(b.Rules) > 0:
+		return n, errdefs.New(errdefs.ErrInvalidArgument, "network.maskRequestHost, httpsPorts and rules are not supported")
+	}
+	if b.AllowPublicTraffic != nil {
+		n.AllowPublicTraffic = *b.AllowPublicTraffic
+	}
+	n.AllowOut, n.DenyOut = b.AllowOut, b.DenyOut
+	return n, nil
+}
+
+// networkOut is the policy as reported (E2B's `network` in SandboxDetail).
+type networkOut struct {
+	AllowPublicTraffic bool     `json:"allowPublicTraffic"`
+	AllowOut           []string `json:"allowOut"`
+	DenyOut            []string `json:"denyOut"`
+}
+
+func networkJSON(n sandbox.Network) networkOut {
+	out := networkOut{AllowPublicTraffic: n.AllowPublicTraffic, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+	if out.AllowOut == nil {
+		out.AllowOut = []string{}
+	}
+	if out.DenyOut == nil {
+		out.DenyOut = []string{}
+	}
+	return out
+}
+
+// updateNetwork is E2B's PUT /sandboxes/{id}/network: the body replaces the
+// policy (omitted fields mean cleared; internet access defaults to on).
+// Ingress (allowPublicTraffic) is set at create and kept.
+func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
+	var b struct {
+		networkBody
+		AllowInternetAccess *bool `json:"allow_internet_access"`
+	}
+	if err := decode(w, r, &b); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	id := r.PathValue("id")
+	cur, err := s.m.Network(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	b.AllowPublicTraffic = &cur.Policy.AllowPublicTraffic
+	n, err := b.networkBody.policy(b.AllowInternetAccess)
+	if err == nil {
+		err = s.m.UpdateNetwork(r.Context(), id, n)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// getNetwork (ours) reports the policy and how many connection attempts it
+// refused.
+func (s *Server) getNetwork(w http.ResponseWriter, r *http.Request) {
+	st, err := s.m.Network(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"allowInternetAccess": st.Policy.AllowInternet,
+		"network":             networkJSON(st.Policy),
+		"deniedConnections":   st.Denied,
+	})
+}

@@ -1,0 +1,262 @@
+package netns
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// Expression builders for the few rule shapes we use.
+
+func ifname(name string) []byte {
+	b := make([]byte, 16)
+	copy(b, name)
+	return b
+}
+
+// iif / oif match an interface name; a name ending in '*' matches the prefix.
+func ifMatch(key expr.MetaKey, name string, eq bool) []expr.Any {
+	data := ifname(name)
+	if name[len(name)-1] == '*' {
+		data = []byte(name[:len(name)-1])
+	}
+	op := expr.CmpOpEq
+	if !eq {
+		op = expr.CmpOpNeq
+	}
+	return []expr.Any{&expr.Meta{Key: key, Register: 1}, &expr.Cmp{Op: op, Register: 1, Data: data}}
+}
+
+func iif(name string) []expr.Any         { return ifMatch(expr.MetaKeyIIFNAME, name, true) }
+func oif(name string) []expr.Any         { return ifMatch(expr.MetaKeyOIFNAME, name, true) }
+func oifNot(name string) []expr.Any      { return ifMatch(expr.MetaKeyOIFNAME, name, false) }
+func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
+
+// established matches ct state established,related.
+func established() []expr.Any {
+	mask := make([]byte, 4)
+	binary.NativeEndian.PutUint32(mask, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED)
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+}
+
+// ipv4 matches IPv4 packets (the tables are inet).
+func ipv4() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+	}
+}
+
+// inPrefix matches an IPv4 source (offset 12) or destination (16) in p.
+func inPrefix(offset uint32, p netip.Prefix) []expr.Any {
+	m := make([]byte, 4)
+	binary.BigEndian.PutUint32(m, ^uint32(0)<<(32-p.Bits()))
+	if p.Bits() == 0 {
+		m = make([]byte, 4)
+	}
+	netb := p.Masked().Addr().As4()
+	return append(ipv4(),
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: m, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: netb[:]},
+	)
+}
+
+func daddrIn(p netip.Prefix) []expr.Any { return inPrefix(16, p) }
+func saddrIn(p netip.Prefix) []expr.Any { return inPrefix(12, p) }
+
+// countDenied bumps the table's "denied" counter.
+func countDenied() expr.Any { return &expr.Objref{Type: 1 /* NFT_OBJECT_COUNTER */, Name: deniedName} }
+
+// refuse adds rules that answer a denied packet matching match at once, so
+// sandboxed code fails fast instead of waiting on a timeout: a TCP reset
+// (never rate-limited, unlike ICMP) for TCP, ICMP administratively
+// prohibited for the rest. count records the attempt.
+func refuse(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, count bool, match ...[]expr.Any) {
+	var m []expr.Any
+	for _, e := range match {
+		m = append(m, e...)
+	}
+	var counter []expr.Any
+	if count {
+		counter = one(countDenied())
+	}
+	tcp := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+	}
+	rule(c, t, ch, m, tcp, counter, one(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}))
+	rule(c, t, ch, m, counter, one(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}))
+}
+
+func rule(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, exprs ...[]expr.Any) {
+	var all []expr.Any
+	for _, e := range exprs {
+		all = append(all, e...)
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: all})
+}
+
+func one(e expr.Any) []expr.Any { return []expr.Any{e} }
+
+// routerTable installs the router namespace's table: forwarding only from
+// the sandbox out to the uplink (through the policy chain), nothing new to
+// the router itself, masquerade out of the uplink. The policy chain starts
+// as deny-all until SetPolicy.
+func (n *Network) routerTable() error {
+	c, err := nftables.New(nftables.WithNetNSFd(int(n.router)))
+	if err != nil {
+		return err
+	}
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: tableName})
+	c.AddObj(&nftables.CounterObj{Table: t, Name: deniedName})
+	egress := c.AddChain(&nftables.Chain{Name: "egress", Table: t})
+	drop := nftables.ChainPolicyDrop
+	accept := nftables.ChainPolicyAccept
+	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &drop})
+	rule(c, t, fwd, established(), one(verdict(expr.VerdictAccept)))
+	rule(c, t, fwd, iif("cf0"), oif("up0"), one(&expr.Verdict{Kind: expr.VerdictJump, Chain: "egress"}))
+	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	rule(c, t, in, established(), one(verdict(expr.VerdictAccept)))
+	refuse(c, t, in, true, iif("cf0"))
+	rule(c, t, in, iif("up0"), one(verdict(expr.VerdictDrop)))
+	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+	rule(c, t, post, oif("up0"), one(&expr.Masq{}))
+	refuse(c, t, egress, true)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("installing router rules: %w", err)
+	}
+	return nil
+}
+
+// SetPolicy replaces the network's egress policy, atomically. blocked are
+// destinations denied whatever the policy (the host's own networks).
+func (n *Network) SetPolicy(p Policy, blocked []netip.Prefix) error {
+	c, err := nftables.New(nftables.WithNetNSFd(int(n.router)))
+	if err != nil {
+		return err
+	}
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: tableName}
+	egress := &nftables.Chain{Name: "egress", Table: t}
+	c.FlushChain(egress)
+	deny := func(ps []netip.Prefix) {
+		for _, pr := range ps {
+			refuse(c, t, egress, true, daddrIn(pr))
+		}
+	}
+	deny(alwaysBlocked)
+	deny(blocked)
+	deny(p.DenyOut)
+	for _, pr := range p.AllowOut {
+		rule(c, t, egress, daddrIn(pr), one(verdict(expr.VerdictAccept)))
+	}
+	deny(privateRanges)
+	if p.AllowInternet {
+		rule(c, t, egress, ipv4(), one(verdict(expr.VerdictAccept)))
+	}
+	refuse(c, t, egress, true)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("setting egress policy: %w", err)
+	}
+	return nil
+}
+
+// Denied returns how many packets of new connections the sandbox's policy
+// (or the router's input rule) has refused.
+func (n *Network) Denied() (uint64, error) {
+	c, err := nftables.New(nftables.WithNetNSFd(int(n.router)))
+	if err != nil {
+		return 0, err
+	}
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: tableName}
+	objs, err := c.GetObjects(t)
+	if err != nil {
+		return 0, err
+	}
+	for _, o := range objs {
+		if co, ok := o.(*nftables.CounterObj); ok && co.Name == deniedName {
+			return co.Packets, nil
+		}
+	}
+	return 0, nil
+}
+
+// SetupHost prepares the host once per daemon start: IPv4 forwarding on,
+// and a "cellfork" table that keeps uplinks from reaching the host itself,
+// each other or the host's networks (blocked), and masquerades their
+// traffic out of the host's own uplink. It replaces an existing table.
+func SetupHost(blocked []netip.Prefix) error {
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("enabling IPv4 forwarding: %w", err)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: tableName}
+	if tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet); err == nil {
+		for _, x := range tables {
+			if x.Name == tableName {
+				c.DelTable(t)
+			}
+		}
+	}
+	t = c.AddTable(t)
+	accept := nftables.ChainPolicyAccept
+	prio := nftables.ChainPriorityRef(-10)
+	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: prio, Policy: &accept})
+	rule(c, t, in, iif(uplinkPrefix+"*"), established(), one(verdict(expr.VerdictAccept)))
+	refuse(c, t, in, false, iif(uplinkPrefix+"*"))
+	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: prio, Policy: &accept})
+	refuse(c, t, fwd, false, iif(uplinkPrefix+"*"), oif(uplinkPrefix+"*"))
+	for _, p := range append(append([]netip.Prefix{}, alwaysBlocked...), blocked...) {
+		refuse(c, t, fwd, false, iif(uplinkPrefix+"*"), daddrIn(p))
+	}
+	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+	rule(c, t, post, saddrIn(netip.MustParsePrefix(uplinkNet)), oifNot(uplinkPrefix+"*"), one(&expr.Masq{}))
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("installing host rules: %w", err)
+	}
+	return nil
+}
+
+// HostNetworks returns the networks the host's interfaces are on (except
+// loopback and uplinks): destinations no sandbox may reach.
+func HostNetworks() ([]netip.Prefix, error) {
+	links, err := net.Interfaces()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for _, l := range links {
+		if l.Flags&net.FlagLoopback != 0 || strings.HasPrefix(l.Name, uplinkPrefix) {
+			continue
+		}
+		addrs, _ := l.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+				if p, err := netip.ParsePrefix(ipn.String()); err == nil {
+					out = append(out, p.Masked())
+				}
+			}
+		}
+	}
+	return out, nil
+}
