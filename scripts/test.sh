@@ -10,8 +10,10 @@ cd "$(dirname "$0")/.."
 export PATH="$PATH:$(go env GOPATH)/bin"
 step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
-step "go vet"
+step "go vet, gofmt"
 go vet ./...
+unformatted=$(gofmt -l cmd internal test templates)
+if [ -n "$unformatted" ]; then echo "not gofmt-ed: $unformatted"; exit 1; fi
 step "generated code is up to date"
 bash scripts/check-generated.sh
 

@@ -211,8 +211,8 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, detailBody{
 		listedBody: listedJSON(sb), EnvdAccessToken: sb.AccessToken, Domain: s.domain(),
 		AllowInternetAccess: sb.Network.AllowInternet, Network: networkJSON(sb.Network),
-		Lifecycle:           map[string]any{"autoResume": false, "onTimeout": sb.OnTimeout},
-		ParentSandboxID:     sb.ParentID, SnapshotID: sb.BaseSnapshot, BootMode: sb.BootMode,
+		Lifecycle:       map[string]any{"autoResume": false, "onTimeout": sb.OnTimeout},
+		ParentSandboxID: sb.ParentID, SnapshotID: sb.BaseSnapshot, BootMode: sb.BootMode,
 	})
 }
 

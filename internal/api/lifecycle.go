@@ -1,8 +1,8 @@
 package api
 
 import (
-	"errors"
 	"encoding/base64"
+	"errors"
 	"net/http"
 	"slices"
 	"strconv"

@@ -4,7 +4,6 @@
 package manager
 
 import (
-	"net/netip"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -15,6 +14,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"net/netip"
 	"os"
 	"slices"
 	"sync"

@@ -1,8 +1,8 @@
 package manager
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"time"

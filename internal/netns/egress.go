@@ -165,4 +165,3 @@ func (n *Network) uplinkName() string {
 	}
 	return peer.Attrs().Name
 }
-

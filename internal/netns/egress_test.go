@@ -104,7 +104,7 @@ func TestEgressPolicy(t *testing.T) {
 				if time.Since(start) > time.Second {
 					t.Errorf("denial took %v: it should be refused at once, not time out", time.Since(start))
 				}
-				if after, _ := n.Denied(); after <= before && c.addr != netnstest.HostSide + ":22" {
+				if after, _ := n.Denied(); after <= before && c.addr != netnstest.HostSide+":22" {
 					t.Errorf("denied counter did not move: %d -> %d", before, after)
 				}
 			}

@@ -34,9 +34,9 @@ func ifMatch(key expr.MetaKey, name string, eq bool) []expr.Any {
 	return []expr.Any{&expr.Meta{Key: key, Register: 1}, &expr.Cmp{Op: op, Register: 1, Data: data}}
 }
 
-func iif(name string) []expr.Any         { return ifMatch(expr.MetaKeyIIFNAME, name, true) }
-func oif(name string) []expr.Any         { return ifMatch(expr.MetaKeyOIFNAME, name, true) }
-func oifNot(name string) []expr.Any      { return ifMatch(expr.MetaKeyOIFNAME, name, false) }
+func iif(name string) []expr.Any          { return ifMatch(expr.MetaKeyIIFNAME, name, true) }
+func oif(name string) []expr.Any          { return ifMatch(expr.MetaKeyOIFNAME, name, true) }
+func oifNot(name string) []expr.Any       { return ifMatch(expr.MetaKeyOIFNAME, name, false) }
 func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
 
 // established matches ct state established,related.

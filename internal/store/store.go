@@ -129,7 +129,9 @@ func (s *Store) snapshots() table[sandbox.Snapshot] {
 }
 
 // Put inserts or replaces a sandbox record.
-func (s *Store) Put(ctx context.Context, sb *sandbox.Sandbox) error { return s.sandboxes().put(ctx, sb) }
+func (s *Store) Put(ctx context.Context, sb *sandbox.Sandbox) error {
+	return s.sandboxes().put(ctx, sb)
+}
 
 // Get returns the sandbox record with id, or an ErrNotFound error.
 func (s *Store) Get(ctx context.Context, id string) (*sandbox.Sandbox, error) {

@@ -98,7 +98,9 @@ func snapshotOf(t *testing.T, id, name string) string {
 		Names      []string `json:"names"`
 	}
 	r.json(t, &sn)
-	t.Cleanup(func() { callWith(t, "DELETE", "/templates/"+sn.SnapshotID, nil, map[string]string{"X-API-KEY": apiKey}) })
+	t.Cleanup(func() {
+		callWith(t, "DELETE", "/templates/"+sn.SnapshotID, nil, map[string]string{"X-API-KEY": apiKey})
+	})
 	return sn.SnapshotID
 }
 

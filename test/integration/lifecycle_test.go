@@ -2,8 +2,8 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"encoding/base64"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
