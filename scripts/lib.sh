@@ -18,8 +18,14 @@ start_test_daemon() {
   export E2B_API_URL="$CELLFORK_URL" E2B_SANDBOX_URL="$CELLFORK_URL" E2B_API_KEY="$key"
 }
 
+# terminate_test_daemon stops the daemon (it destroys its pool; sandboxes
+# would survive it, as in production) and keeps its data for inspection.
+terminate_test_daemon() {
+  kill -TERM "$TEST_DAEMON" 2>/dev/null; wait "$TEST_DAEMON" 2>/dev/null || true
+}
+
 stop_test_daemon() {
-  kill -TERM "$TEST_DAEMON" 2>/dev/null; wait "$TEST_DAEMON" 2>/dev/null
+  terminate_test_daemon
   for _ in 1 2 3; do umount "$TEST_TMP/data/runsc/null-netns" 2>/dev/null || true; done
   rm -rf "$TEST_TMP"
 }

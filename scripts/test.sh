@@ -22,20 +22,21 @@ CELLFORK_TEMPLATE_DIR="${DATA_DIR:-/var/lib/cellfork}/templates" go test -race -
 
 step "python tests against a test daemon"
 . scripts/lib.sh
-netns_before=$(ls /run/netns 2>/dev/null | sort || true)
 start_test_daemon --max-upload-mb 64
+# The test daemon's network namespaces carry a hash of its data dir.
+prefix=cf$(printf '%s' "$TEST_TMP/data" | sha256sum | cut -c1-6)-
 status=0
 .venv/bin/pytest -q -p no:cacheprovider sdk/python/tests tests || status=$?
 
 step "leak check"
-sleep 1
-left=$(/usr/local/lib/cellfork/runsc --root "$TEST_TMP/data/runsc" list -q 2>/dev/null | grep -v '^ID' || true)
-# Sandboxes still alive at this point were leaked by a test that did not kill them.
+# Sandboxes still alive now were leaked by a test that did not kill them.
 alive=$(curl -fsS -H "X-API-KEY: $CELLFORK_API_KEY" "$CELLFORK_URL/v2/sandboxes" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
-netns_after=$(ls /run/netns 2>/dev/null | sort || true)
-new_netns=$(comm -13 <(echo "$netns_before") <(echo "$netns_after") | grep . || true)
 if [ "$alive" != 0 ]; then echo "leak: $alive sandbox(es) still alive after the Python tests"; status=1; fi
+# Once the daemon has stopped (destroying its pool), nothing of it remains.
+terminate_test_daemon
+left=$(/usr/local/lib/cellfork/runsc --root "$TEST_TMP/data/runsc" list -q 2>/dev/null | grep -v '^ID' || true)
+netns_left=$(ls /run/netns 2>/dev/null | grep "^$prefix" || true)
 if [ "$alive" = 0 ] && [ -n "$left" ]; then echo "leak: runsc containers left: $left"; status=1; fi
-if [ "$alive" = 0 ] && [ -n "$new_netns" ]; then echo "leak: network namespaces left: $new_netns"; status=1; fi
+if [ "$alive" = 0 ] && [ -n "$netns_left" ]; then echo "leak: network namespaces left: $netns_left"; status=1; fi
 if [ "$status" != 0 ]; then echo "--- test daemon log (last 40 lines)"; tail -n 40 "$TEST_TMP/daemon.log"; fi
 exit $status

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/manager"
 	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/timing"
@@ -80,9 +82,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 		proxyError(w, reqID, t.sandboxID, http.StatusBadRequest, "invalid sandbox port")
 		return
 	}
-	tr, sb, err := s.m.Endpoint(t.sandboxID)
+	tr, sb, alive, err := s.m.Endpoint(t.sandboxID)
 	if err != nil {
-		proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox was not found")
+		// The SDKs key on "was not found"; the detail says why (paused,
+		// or died: out of memory).
+		proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox was not found: "+errdefs.UserMessage(err))
 		return
 	}
 	if msg := s.checkAccess(r, t, sb); msg != "" {
@@ -96,6 +100,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 		}
 		r.Body = &limitedBody{ReadCloser: r.Body, n: s.cfg.MaxUploadBytes}
 	}
+	// Requests in flight end when the sandbox's box goes away.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	defer context.AfterFunc(alive, cancel)()
+	r = r.WithContext(ctx)
 	timing.Since(r.Context(), "route", t0)
 	t1 := time.Now()
 	rp := &httputil.ReverseProxy{
@@ -117,6 +126,12 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 			switch {
 			case errors.Is(err, errUploadTooLarge):
 				s.tooLarge(w, reqID, t.sandboxID)
+			case alive.Err() != nil:
+				msg := "the sandbox went away"
+				if _, _, _, err := s.m.Endpoint(t.sandboxID); err != nil {
+					msg = errdefs.UserMessage(err)
+				}
+				proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox was not found: "+msg)
 			case r.Context().Err() != nil:
 				// The client went away; nobody to answer.
 			case strings.Contains(err.Error(), "connection refused"):

@@ -26,6 +26,15 @@ type box struct {
 	limits    sandbox.Limits
 	net       *netns.Network
 	transport *http.Transport
+	// ctx ends when the box is destroyed, cutting requests still in flight
+	// to it (their sockets would otherwise wait on a peer that is gone).
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newBoxValue(rid, rootfs string, limits sandbox.Limits, n *netns.Network) *box {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &box{rid: rid, rootfs: rootfs, limits: limits, net: n, transport: newTransport(n), ctx: ctx, cancel: cancel}
 }
 
 func (m *Manager) bundleDir(rid string) string {
@@ -88,7 +97,7 @@ func (m *Manager) newBox(ctx context.Context, rootfs string, limits sandbox.Limi
 	if err != nil {
 		return nil, err
 	}
-	return &box{rid: rid, rootfs: rootfs, limits: limits, net: n, transport: newTransport(n)}, nil
+	return newBoxValue(rid, rootfs, limits, n), nil
 }
 
 // bootBox starts a fresh box running the agent (no checkpoint involved).
@@ -147,6 +156,7 @@ func (m *Manager) restoreBox(ctx context.Context, image, rootfs string, limits s
 func (m *Manager) destroyBox(ctx context.Context, b *box) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
+	b.cancel()
 	b.transport.CloseIdleConnections()
 	errs := []error{m.rt.Destroy(ctx, b.rid), b.net.Destroy(), os.RemoveAll(m.bundleDir(b.rid))}
 	if err := errors.Join(errs...); err != nil {

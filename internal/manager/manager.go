@@ -76,8 +76,9 @@ type Manager struct {
 	// other data directories keep theirs.
 	netPrefix string
 
-	mu   sync.Mutex
-	live map[string]*Live // guarded by mu
+	mu    sync.Mutex
+	live  map[string]*Live // guarded by mu
+	tombs map[string]tomb  // guarded by mu: sandboxes that died on their own
 	snap sync.Mutex       // serializes snapshot bookkeeping (cap, tree)
 }
 
@@ -96,7 +97,7 @@ type Live struct {
 // New returns a Manager. Call Reconcile, then Start, before serving.
 func New(cfg Config, rt sandbox.Runtime, st sandbox.Store, tpl *template.Registry, log *slog.Logger) *Manager {
 	sum := sha256.Sum256([]byte(cfg.DataDir))
-	m := &Manager{cfg: cfg, rt: rt, st: st, tpl: tpl, log: log, live: map[string]*Live{},
+	m := &Manager{cfg: cfg, rt: rt, st: st, tpl: tpl, log: log, live: map[string]*Live{}, tombs: map[string]tomb{},
 		netPrefix: "cf" + hex.EncodeToString(sum[:3]) + "-"}
 	m.adm = newAdmission(max(cfg.StartConcurrency, 1), max(cfg.StartQueue, 1), cfg.StartWait)
 	m.pool = newPool(m, cfg.PoolReady, cfg.PoolShells)
@@ -146,6 +147,9 @@ func (m *Manager) lookup(id string) (*Live, error) {
 	l := m.live[id]
 	m.mu.Unlock()
 	if l == nil {
+		if msg := m.diedMessage(id); msg != "" {
+			return nil, errdefs.New(errdefs.ErrNotFound, "%s", msg)
+		}
 		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}
 	return l, nil
@@ -200,23 +204,20 @@ func cloneRecord(r *sandbox.Sandbox) *sandbox.Sandbox {
 	return &c
 }
 
-// Endpoint returns the transport to reach ports inside a running sandbox,
-// with a copy of its record (for the proxy's access checks). A paused
-// sandbox is ErrFailedPrecondition.
-func (m *Manager) Endpoint(id string) (http.RoundTripper, *sandbox.Sandbox, error) {
-	l, err := m.lookup(id)
+// Endpoint is how the proxy reaches a running sandbox: the transport to its
+// ports, a copy of its record (for access checks), and a context that ends
+// when the sandbox's current box goes away (killed, died, rolled back).
+// A paused sandbox is ErrFailedPrecondition.
+func (m *Manager) Endpoint(id string) (http.RoundTripper, *sandbox.Sandbox, context.Context, error) {
+	l, err := m.locked(id)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.dead {
-		return nil, nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
-	}
 	if l.rec.State != sandbox.StateRunning {
-		return nil, cloneRecord(l.rec), errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: connect to resume it", id)
+		return nil, cloneRecord(l.rec), nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: connect to resume it", id)
 	}
-	return l.box.transport, cloneRecord(l.rec), nil
+	return l.box.transport, cloneRecord(l.rec), l.box.ctx, nil
 }
 
 // live returns the Live of id locked, or an error if it is gone. The caller

@@ -130,6 +130,7 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 			return false, err
 		}
 		l.box, l.rec.RuntimeID = b, b.rid
+		m.watchBox(ctx, l, b)
 	}
 	img := l.rec.PausedImage
 	l.rec.State, l.rec.PausedImage = sandbox.StateRunning, ""

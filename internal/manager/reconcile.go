@@ -133,7 +133,7 @@ func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox) bool {
 		return false
 	}
 	limits := sandbox.Limits{CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, PidsMax: m.cfg.DefaultLimits.PidsMax}
-	b := &box{rid: rec.RuntimeID, rootfs: rec.Rootfs, limits: limits, net: n, transport: newTransport(n)}
+	b := newBoxValue(rec.RuntimeID, rec.Rootfs, limits, n)
 	if rec.State == sandbox.StateRunning {
 		// The agent must still answer, or the sandbox is of no use.
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -150,10 +150,14 @@ func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox) bool {
 	return true
 }
 
-// register adds l to the live set and arms its timer: expiry if running
-// (an expired one fires at once), the move to disk if frozen in memory.
+// register adds l to the live set, watches its box, and arms its timer:
+// expiry if running (an expired one fires at once), the move to disk if
+// frozen in memory.
 func (m *Manager) register(l *Live) {
 	l.mu.Lock()
+	if l.box != nil {
+		m.watchBox(context.Background(), l, l.box)
+	}
 	switch {
 	case l.rec.State == sandbox.StateRunning:
 		m.armTimer(l, l.rec.ID)

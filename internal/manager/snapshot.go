@@ -326,6 +326,7 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.S
 		m.destroyBox(context.WithoutCancel(ctx), nb)
 		return nil, err
 	}
+	m.watchBox(ctx, l, nb)
 	go m.destroyBox(context.Background(), old) // off the critical path
 	m.log.Info("sandbox rolled back", "sandbox.id", id, "snapshot.id", sn.ID)
 	return cloneRecord(l.rec), nil
@@ -440,6 +441,7 @@ func (m *Manager) Merge(ctx context.Context, parentID, childID string) (*sandbox
 		p.box, *p.rec = old, prev
 		return nil, err
 	}
+	m.watchBox(ctx, p, p.box)
 	m.forget(c)
 	c.box = nil
 	if err := m.st.Delete(ctx, childID); err != nil {

@@ -134,6 +134,9 @@ type Runtime interface {
 	List(ctx context.Context) ([]string, error)
 	// Stats samples resource usage.
 	Stats(ctx context.Context, runtimeID string) (Stats, error)
+	// Watch calls onExit once when the sandbox's process exits, whatever
+	// the cause (its own Destroy included).
+	Watch(ctx context.Context, runtimeID string, onExit func()) error
 }
 
 // Store persists sandbox and snapshot records. Implementations must be

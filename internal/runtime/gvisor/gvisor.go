@@ -31,7 +31,8 @@ type Config struct {
 
 // Runtime drives runsc. Safe for concurrent use.
 type Runtime struct {
-	cfg Config
+	cfg   Config
+	watch watcher
 }
 
 var _ sandbox.Runtime = (*Runtime)(nil)
