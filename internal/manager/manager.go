@@ -79,7 +79,7 @@ type Manager struct {
 	mu    sync.Mutex
 	live  map[string]*Live // guarded by mu
 	tombs map[string]tomb  // guarded by mu: sandboxes that died on their own
-	snap sync.Mutex       // serializes snapshot bookkeeping (cap, tree)
+	snap  sync.Mutex       // serializes snapshot bookkeeping (cap, tree)
 }
 
 // Live is a sandbox this daemon knows. Its lifecycle operations are
