@@ -266,7 +266,13 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 
 // connect returns a running sandbox (200) or resumes a paused one (201).
 // A timeout only ever extends the sandbox's life.
-func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
+func (s *Server) connect(w http.ResponseWriter, r *http.Request) { s.resumeSandbox(w, r, false) }
+
+// resume is E2B's v1 resume: like connect, but 409 if the sandbox was
+// running.
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) { s.resumeSandbox(w, r, true) }
+
+func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, mustBePaused bool) {
 	var b struct {
 		Timeout *int `json:"timeout"`
 	}
@@ -280,7 +286,10 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 		timeout = time.Duration(*b.Timeout) * time.Second
 	}
 	resumed, err := s.m.Resume(r.Context(), id, timeout)
-	if err == nil && !resumed && timeout != 0 {
+	switch {
+	case err == nil && !resumed && mustBePaused:
+		err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is not paused", id)
+	case err == nil && !resumed && timeout != 0:
 		err = s.m.ExtendTimeout(r.Context(), id, timeout)
 	}
 	if err != nil {

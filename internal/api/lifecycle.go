@@ -37,37 +37,6 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// resume is E2B's v1 resume: like connect, 201 when it resumed, 409 if the
-// sandbox was running.
-func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
-	var b struct {
-		Timeout *int `json:"timeout"`
-	}
-	if err := decode(w, r, &b); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	var timeout time.Duration
-	if b.Timeout != nil {
-		timeout = time.Duration(*b.Timeout) * time.Second
-	}
-	id := r.PathValue("id")
-	resumed, err := s.m.Resume(r.Context(), id, timeout)
-	if err == nil && !resumed {
-		err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is not paused", id)
-	}
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	sb, err := s.m.Get(r.Context(), id)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, s.sandboxJSON(sb))
-}
-
 // snapshotBody is E2B's SnapshotInfo plus our tree fields.
 type snapshotBody struct {
 	SnapshotID string   `json:"snapshotID"`
