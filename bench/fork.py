@@ -52,6 +52,7 @@ Run time on the 2-vCPU box: about 2.5 min (whole suite, core included),
 import argparse
 import concurrent.futures as cf
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -300,7 +301,7 @@ class Raw:
         """A new container's netns and bundle (src: a runtime id or its
         config.json), created with `runsc create` if prepared. Untimed."""
         cid = uuid.uuid4().hex[:24]
-        ns = "cfb" + cid[:12]
+        ns = "cfbench-" + cid[:12]  # never a daemon's "cf<6 hex>-" prefix
         sh("ip", "netns", "add", ns + "-r")
         sh("ip", "netns", "add", ns + "-s")
         b = os.path.join(self.tmp, "b-" + cid)
@@ -710,7 +711,8 @@ def leak_check(api):
     cs = containers()
     ready, shells = pool_state()
     other = [c["id"] for c in cs if c["id"] not in recs and c["id"] not in ready + shells]
-    netns = [n for n in os.listdir("/run/netns")]
+    netns = os.listdir("/run/netns")
+    mine = "cf" + hashlib.sha256(DATA.encode()).hexdigest()[:6] + "-"  # internal/manager: netPrefix
     dirs = {d: os.listdir(os.path.join(DATA, d)) for d in ("forks", "paused", "snapshots", "runtimes")
             if os.path.isdir(os.path.join(DATA, d))}
     snaps = api.call("GET", "/snapshots")[0]
@@ -718,7 +720,8 @@ def leak_check(api):
              f" {len(other)} other: {' '.join(c['id'] + '=' + c['status'] for c in cs if c['id'] in other)})",
              f"- sandbox records left: {len(recs)}; snapshot records left: {len(snaps)}; data dirs: " +
              ", ".join(f"{d}/ {len(v)}" for d, v in dirs.items()),
-             f"- cfb* (bench) netns left: {len([n for n in netns if n.startswith('cfb')])}"]
+             f"- network namespaces: the daemon's {len([n for n in netns if n.startswith(mine)])} "
+             f"(2 per container), the bench's raw ones {len([n for n in netns if n.startswith('cfbench-')])}"]
     if STUCK:
         lines.append(f"- the pool failed to refill {len(STUCK)} times: {STUCK[0]}")
     errs = [x for x in open(os.environ.get("CELLFORK_DAEMON_LOG", os.devnull)) if "level=ERROR" in x]
