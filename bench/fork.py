@@ -19,18 +19,17 @@ Methods
 * Client side (loopback, httpx, one shared keep-alive client): wall time of
   the request, and where the issue says so, wall time from the request until
   every new sandbox answered run_code over the data plane (POST /execute).
-* Raw runsc, same run, same global flags as the daemon
-  (internal/runtime/gvisor): `runsc checkpoint --leave-running
-  --compression=none`, `pause` and `resume` act on the daemon's own container
-  (runtime id from <data-dir>/state.db); `restore --detach` restores the
-  daemon's image (or the raw checkpoint) into a new container in a separate
-  runsc root: a copy of the source bundle's config.json with its own
-  cgroupsPath and a fresh netns pair set up like internal/netns (veth cf0
-  10.88.0.1/30 <-> eth0 10.88.0.2/30, MAC 02:cf:00:00:00:02, default route).
-  "pre-created" = `runsc create` first (untimed), then the timed restore, as
-  the daemon's shells do. Raw times are runsc's process time (blocking wait).
-  Netns, bundles and deletes are outside the timing; everything is removed.
-  One restored container per batch is checked to accept TCP on the agent port.
+* Raw runsc, same run, with the global flags read off the daemon's own
+  runsc-sandbox processes: `checkpoint --leave-running --compression=none`,
+  `pause`, `resume` act on the daemon's container (runtime id from
+  <data-dir>/state.db); `restore --detach` restores the daemon's image (or the
+  raw checkpoint) into a new container in a separate runsc root: a copy of the
+  source bundle's config.json with its own cgroupsPath and a fresh netns pair
+  set up like internal/netns (veth cf0 10.88.0.1/30 <-> eth0 10.88.0.2/30, MAC
+  02:cf:00:00:00:02, default route). "pre-created" = `runsc create` first,
+  untimed, as the daemon's shells. Raw times are runsc's process time (blocking
+  wait); netns, bundles, deletes are untimed and removed again. One restored
+  container per batch must accept TCP on the agent port.
 * Ratio = cellfork p50 / raw p50. Targets are judged on p50 (fork(5): client
   wall until all five answer run_code).
 * Density: PSS (/proc/PID/smaps_rollup) summed over the processes whose
@@ -51,6 +50,7 @@ Run time on the 2-vCPU box: about 2.5 min (whole suite, core included),
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import glob
 import hashlib
 import json
@@ -74,7 +74,8 @@ URL = os.environ["CELLFORK_URL"]
 KEY = os.environ["CELLFORK_API_KEY"]
 DATA = os.environ["CELLFORK_DATA_DIR"]
 ROOT = os.path.join(DATA, "runsc")
-# The daemon's global runsc flags (internal/runtime/gvisor/gvisor.go).
+# The daemon's global runsc flags (internal/runtime/gvisor/gvisor.go); main
+# replaces them with those read off the daemon's own sandbox processes.
 FLAGS = ["--platform=systrap", "--network=sandbox", "--overlay2=root:memory",
          "--host-settings=ignore", "--restore-spec-validation=warning"]
 
@@ -97,8 +98,7 @@ def log(*a):
     print("[fork-bench]", *a, file=sys.stderr, flush=True)
 
 
-class DaemonError(Exception):
-    pass
+DaemonError = RuntimeError  # the daemon misbehaved
 
 
 # --- tables -----------------------------------------------------------------
@@ -167,9 +167,6 @@ class Api:
         with cf.ThreadPoolExecutor(8) as ex:
             list(ex.map(self.kill, sbs))
 
-    def state(self, sb):
-        return self.call("GET", f"/sandboxes/{sb['sandboxID']}")[0].get("state")
-
     def run_code(self, sb, code, expect=None):
         """Runs code in the sandbox's REPL; returns its stdout."""
         r = self.c.post("/execute", json={"code": code}, timeout=300, headers={
@@ -196,11 +193,8 @@ class Api:
 
 def records():
     """RuntimeID -> sandbox id, from the daemon's store."""
-    db = sqlite3.connect(f"file:{DATA}/state.db?mode=ro", uri=True, timeout=10)
-    try:
+    with contextlib.closing(sqlite3.connect(f"file:{DATA}/state.db?mode=ro", uri=True, timeout=10)) as db:
         docs = [json.loads(d) for (d,) in db.execute("SELECT doc FROM sandboxes")]
-    finally:
-        db.close()
     return {d["RuntimeID"]: d["ID"] for d in docs if d.get("RuntimeID")}
 
 
@@ -278,14 +272,12 @@ class Raw:
     def runsc(self, root, *args, out=None, log_to=None):
         cmd = [RUNSC, f"--root={root}", *FLAGS] + ([f"--log={log_to}"] if log_to else []) + list(args)
         t0 = time.perf_counter()
-        if out is None:
-            p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-            err = p.stderr
-        else:  # detached sandboxes keep their stdio: a file, never a pipe
-            p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-            err = open(log_to).read()[-800:] if log_to and os.path.exists(log_to) else ""
+        # A detached sandbox keeps the stdio it is given: a file, never a pipe.
+        io = dict(capture_output=True, text=True) if out is None else dict(stdout=out, stderr=out)
+        p = subprocess.run(cmd, stdin=subprocess.DEVNULL, **io)
         t = ms(t0)
         if p.returncode:
+            err = p.stderr if out is None else (open(log_to).read() if os.path.exists(log_to) else "")
             raise RuntimeError(f"runsc {args[0]} failed: {err.strip()[-800:]}")
         return t
 
@@ -373,10 +365,8 @@ class Raw:
 def rmdirs(cgroup):
     """Removes the cgroup under every v1 controller (or the v2 root)."""
     for p in glob.glob(f"/sys/fs/cgroup/*/{cgroup}") + glob.glob(f"/sys/fs/cgroup/{cgroup}"):
-        try:
+        with contextlib.suppress(OSError):
             os.rmdir(p)
-        except OSError:
-            pass
 
 
 def spec_of(src):
@@ -412,8 +402,7 @@ def op_density(api, raw, C):
     time.sleep(1)  # let the last refill settle
     ready, shells = pool_state()
     src = spec_of(ready[0])
-    pr = pss_mb(ready)
-    ps = pss_mb(shells)
+    pr, ps = pss_mb(ready), pss_mb(shells)
     sbs = [api.create()[0] for _ in range(C["density"])]
     api.run_all(sbs, "print(1)", "1")
     time.sleep(2)
@@ -649,7 +638,7 @@ def op_pause(api, raw, C):
             _, st, _ = api.call("POST", path + "/pause", {})
             fz.append(st["total"])
             fz_st.append(st)
-            if api.state(sb) != "paused":
+            if api.call("GET", path)[0].get("state") != "paused":
                 raise DaemonError("sandbox not paused after pause")
             t0 = time.perf_counter()
             _, st, _ = api.call("POST", f"/v2{path}/connect", {})
@@ -725,21 +714,29 @@ def leak_check(api):
     if STUCK:
         lines.append(f"- the pool failed to refill {len(STUCK)} times: {STUCK[0]}")
     errs = [x for x in open(os.environ.get("CELLFORK_DAEMON_LOG", os.devnull)) if "level=ERROR" in x]
-    kinds = {}
-    for e in errs:
-        kinds.setdefault(e.split(" msg=")[-1].split(" err=")[0], e.strip())
+    kinds = {e.split(" msg=")[-1].split(" err=")[0]: e.strip() for e in reversed(errs)}  # first of each
     lines.append(f"- daemon log: {len(errs)} ERROR lines" + "".join(f"\n  - {k}: `{v[:400]}`" for k, v in kinds.items()))
     return lines
 
 
 def counts(quick):
-    if quick:
-        return dict(density=2, pool=5, raw=3, dirty=[0, 50, 100, 200, 500], dirty_n=2, dirty_n_big=2,
-                    restore1=3, conc=[10, 20], bursts=1, fork=[1, 5, 10, 20],
-                    fork_reps={1: 3, 5: 2, 10: 1, 20: 1}, raw_fork=1, rollback=3, pause=3, spill=2)
-    return dict(density=3, pool=40, raw=10, dirty=[0, 50, 100, 200, 500], dirty_n=8, dirty_n_big=4,
-                restore1=20, conc=[10, 20], bursts=2, fork=[1, 5, 10, 20],
-                fork_reps={1: 15, 5: 6, 10: 3, 20: 2}, raw_fork=3, rollback=20, pause=20, spill=8)
+    return dict(dirty=[0, 50, 100, 200, 500], conc=[10, 20], fork=[1, 5, 10, 20], **(
+        dict(density=2, pool=5, raw=3, dirty_n=2, dirty_n_big=2, restore1=3, bursts=1,
+             fork_reps={1: 3, 5: 2, 10: 1, 20: 1}, raw_fork=1, rollback=3, pause=3, spill=2) if quick else
+        dict(density=3, pool=40, raw=10, dirty_n=8, dirty_n_big=4, restore1=20, bursts=2,
+             fork_reps={1: 15, 5: 6, 10: 3, 20: 2}, raw_fork=3, rollback=20, pause=20, spill=8)))
+
+
+def daemon_flags():
+    """The global flags the daemon gives runsc, read off one of its sandbox
+    processes (`runsc-sandbox FLAGS boot ...`), so raw runsc gets the same."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().decode().split("\0")
+        except OSError:
+            continue
+        if argv[0] == "runsc-sandbox" and f"--root={ROOT}" in argv and "boot" in argv:
+            return [a for a in argv[1:argv.index("boot")] if not a.startswith(("--root=", "--log=", "--log-fd="))]
 
 
 OPS = ["density", "pool", "dirty", "restore", "fork", "rollback", "pause"]
@@ -755,6 +752,11 @@ def main():
         ap.error(f"unknown ops {bad}")
     C = counts(args.quick)
     api, raw = Api(), Raw()
+    wait_pool()
+    if flags := daemon_flags():
+        FLAGS[:] = flags
+    else:
+        log("could not read the daemon's runsc flags; using the built-in copy " + " ".join(FLAGS))
     t_start, load0 = time.time(), os.getloadavg()[0]
     tables, failures, parent = [], [], None
     try:
@@ -782,14 +784,13 @@ def main():
     leaks = leak_check(api)
     print(f"cellfork fork-first bench — {time.strftime('%Y-%m-%d %H:%M')} — {os.cpu_count()} CPUs, "
           f"load average {load0:.1f} at start / {os.getloadavg()[0]:.1f} at end, "
-          f"{'quick' if args.quick else 'full'} run in {time.time() - t_start:.0f} s; times in ms, loopback client\n")
+          f"{'quick' if args.quick else 'full'} run in {time.time() - t_start:.0f} s; times in ms, loopback client; "
+          f"runsc global flags (the daemon's): `{' '.join(FLAGS)}`\n")
     for t in tables:
         print(t.render())
-    print("### State after the run\n")
-    print("\n".join(leaks))
+    print("### State after the run\n\n" + "\n".join(leaks))
     if failures:
-        print("\n### Failures\n")
-        print("\n".join(failures))
+        print("\n### Failures\n\n" + "\n".join(failures))
     return 1 if failures else 0
 
 
