@@ -120,9 +120,10 @@ class Table:
         tgt = "" if target is None else f"<= {target} {unit}: {'met' if p50 <= target else 'MISSED'}"
         self.rows.append(f"| {name} | {n} | {lo:.1f} | {p50:.1f} | {p95:.1f} | {mean:.1f} | {ratio} | {seed} | {tgt} |")
 
-    def phases(self, sts, per=None, skip=("total",), indent="  · "):
+    def phases(self, sts, per=None, skip=("total",), indent="  · ", gap=True):
         """One row per Server-Timing phase over the samples sts; per[i]
-        divides sample i's value (fork: mean per child)."""
+        divides sample i's value (fork: mean per child). gap: the phases are
+        sequential, so also show the time none of them covers."""
         names = []
         for st in sts:
             names += [k for k in st if k not in skip and k not in names]
@@ -130,6 +131,8 @@ class Table:
             vals = [st[k] / (per[i] if per and k in CHILD_PHASES else 1)
                     for i, st in enumerate(sts) if k in st]
             self.add(indent + k + (" (per child)" if per and k in CHILD_PHASES else ""), vals)
+        if gap:
+            self.add(indent + "(in no phase: total - phases)", [2 * st["total"] - sum(st.values()) for st in sts])
 
     def render(self):
         return "\n".join([f"### {self.title}\n", self.note + "\n", self.HEAD, *self.rows, ""])
@@ -585,7 +588,7 @@ def op_fork(api, raw, C, parent):
         seed = SEEDS.get(f"fork{n}", "")
         t.add(f"fork({n}) (server total)" + (f", {errs} failed children" if errs else ""), totals, rawfork, seed,
               target=80 if n == 1 else None)
-        t.phases(sts, per=[n] * len(sts))
+        t.phases(sts, per=[n] * len(sts), gap=False)
         t.add(f"fork({n}) until all {n} answer run_code (client wall)", alls, rawfork,
               target=250 if n == 5 else None)
         t.add(f"raw fork({n}): checkpoint + {n} parallel restore{'s' * (n > 1)} (last: checkpoint {ck:.0f} ms)", rawfork)
@@ -647,10 +650,7 @@ def op_pause(api, raw, C):
             rm_.append(st["total"])
             rm_st.append(st)
         rid = rid_of(sb)
-        rp, rr = [], []
-        for _ in range(C["pause"]):
-            rp.append(raw.pause(rid))
-            rr.append(raw.pause(rid, "resume"))
+        rp, rr = zip(*[(raw.pause(rid), raw.pause(rid, "resume")) for _ in range(C["pause"])])
         api.run_code(sb, "print(x)", "7")
         sp, sp_st, rd, rd_st, rd_rc = [], [], [], [], []
         for _ in range(C["spill"]):
@@ -677,7 +677,7 @@ def op_pause(api, raw, C):
         t.phases(rm_st)
         t.add("resume from memory + first run_code answered (client wall)", rm_rc, rr)
         t.add("pause + spill to disk (server total)", sp, ck)
-        t.phases(sp_st, skip=("total", "spill"))
+        t.phases(sp_st, skip=("total", "spill"), gap=False)
         t.add("  · spill (checkpoint + bookkeeping)", [s.get("spill") for s in sp_st], ck, target=60)
         t.add("resume from disk (server total)", rd, pre, target=120)
         t.phases(rd_st)
