@@ -38,6 +38,7 @@ type Config struct {
 	Domain         string
 	APIKeys        []string // empty: use (or create) <data>/api-key
 	MaxUploadBytes int64
+	DiskMB         int // writable root filesystem per sandbox
 	DefaultLimits  sandbox.Limits
 	MaxLimits      sandbox.Limits
 	DefaultTimeout time.Duration
@@ -84,6 +85,8 @@ func (c *Config) Validate() error {
 		{"--start-concurrency", int64(c.StartConcurrency), 1}, {"--start-queue", int64(c.StartQueue), 1},
 		{"--max-fork", int64(c.MaxFork), 1}, {"--snapshot-cap-mb", c.SnapshotCapBytes, 0},
 		{"--start-wait", int64(c.StartWait), 1}, {"--spill-after", int64(c.SpillAfter), 0},
+		{"--pids-max", int64(c.DefaultLimits.PidsMax), 16}, {"--open-files", int64(c.DefaultLimits.OpenFiles), 64},
+		{"--disk-mb", int64(c.DiskMB), 16},
 	} {
 		if f.v < f.min {
 			errs = append(errs, fmt.Errorf("%s must be at least %d", f.name, f.min))
@@ -124,7 +127,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		return err
 	}
 	defer st.Close()
-	rt, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, Root: filepath.Join(cfg.DataDir, "runsc")})
+	rt, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, Root: filepath.Join(cfg.DataDir, "runsc"), DiskMB: cfg.DiskMB})
 	if err != nil {
 		return err
 	}
@@ -140,7 +143,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		DefaultTimeout: cfg.DefaultTimeout, MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
 		PoolReady: cfg.PoolReady, PoolShells: cfg.PoolShells, StartConcurrency: cfg.StartConcurrency,
 		StartQueue: cfg.StartQueue, StartWait: cfg.StartWait, SnapshotCapBytes: cfg.SnapshotCapBytes,
-		MaxFork: cfg.MaxFork, SpillAfter: cfg.SpillAfter,
+		MaxFork: cfg.MaxFork, SpillAfter: cfg.SpillAfter, DiskMB: cfg.DiskMB,
 	}, rt, st, tpl, log)
 	if err := m.Reconcile(ctx); err != nil {
 		log.Warn("reconcile incomplete", "err", err)

@@ -89,6 +89,20 @@ func agentEnv() []string {
 	}
 }
 
+// limits are the runtime limits of a sandbox: its CPUs and memory, and the
+// daemon's process and open-file limits.
+func (m *Manager) limits(rec *sandbox.Sandbox) sandbox.Limits {
+	l := m.cfg.DefaultLimits
+	l.CPUCount, l.MemoryMB = rec.CPUCount, rec.MemoryMB
+	return l
+}
+
+// bootKey identifies the boot configuration a warm image freezes (the
+// agent's environment and the default limits, rlimits included).
+func (m *Manager) bootKey() string {
+	return fmt.Sprintf("%q %+v disk=%d", agentEnv(), m.cfg.DefaultLimits, m.cfg.DiskMB)
+}
+
 // newBox allocates a runtime id and a network for a box.
 func (m *Manager) newBox(ctx context.Context, rootfs string, limits sandbox.Limits) (*box, error) {
 	defer timing.Since(ctx, "netns", time.Now())

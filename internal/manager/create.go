@@ -153,7 +153,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *sandbox.San
 		ID: newID(), TemplateID: req.TemplateID,
 		State: sandbox.StateRunning, StartedAt: now, EndAt: now.Add(req.Timeout),
 		Metadata: orEmpty(req.Metadata), Envs: orEmpty(req.Envs),
-		CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, DiskSizeMB: req.MemoryMB,
+		CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, DiskSizeMB: m.cfg.DiskMB,
 		AccessToken: randomHex(16), OnTimeout: req.OnTimeout, Rootfs: src.rootfs,
 	}
 	rec.Network = sandbox.DefaultNetwork
@@ -163,7 +163,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *sandbox.San
 	if req.Network != nil {
 		rec.Network = cloneNetwork(*req.Network)
 	}
-	limits := sandbox.Limits{CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, PidsMax: m.cfg.DefaultLimits.PidsMax}
+	limits := m.limits(rec)
 	b, mode, err := m.startBox(ctx, src, limits)
 	if err != nil {
 		return nil, err

@@ -19,7 +19,7 @@ const tombstoneTTL = time.Hour
 // remembered, if b exits while it is the sandbox's box (a box the daemon
 // destroys itself is no longer the sandbox's by then). Caller holds l.mu.
 func (m *Manager) watchBox(ctx context.Context, l *Live, b *box) {
-	err := m.rt.Watch(ctx, b.rid, func() { m.boxExited(l, b) })
+	err := m.rt.Watch(ctx, m.bundleDir(b.rid), func() { m.boxExited(l, b) })
 	if err != nil {
 		m.log.Warn("cannot watch sandbox process", "sandbox.id", l.rec.ID, "err", err)
 	}

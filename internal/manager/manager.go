@@ -40,6 +40,7 @@ type Config struct {
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
 	MaxUploadBytes int64
+	DiskMB         int // writable root filesystem per sandbox (the runtime enforces it)
 	// Pool sizes per template: sandboxes kept restored and ready, and
 	// prepared shells to restore snapshots into.
 	PoolReady  int

@@ -117,7 +117,7 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 		if err != nil {
 			return false, err
 		}
-		limits := sandbox.Limits{CPUCount: l.rec.CPUCount, MemoryMB: l.rec.MemoryMB, PidsMax: m.cfg.DefaultLimits.PidsMax}
+		limits := m.limits(l.rec)
 		b, err := m.restoreBox(ctx, l.rec.PausedImage, l.rec.Rootfs, limits)
 		release()
 		if err == nil {

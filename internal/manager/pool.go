@@ -14,17 +14,18 @@ import (
 // slot only when no foreground request waits for one. Safe for concurrent
 // use.
 type pool struct {
-	m           *Manager
-	readyTarget int
-	shellTarget int
-	kick        chan struct{}
-	stop, done  chan struct{}
-	mu          sync.Mutex
-	ready       map[string][]*box // template name -> boxes; guarded by mu
-	shells      []*box            // guarded by mu
-	warm        map[string]warmImage
-	shellRootfs string // rootfs the shells are prepared on
-	shellLimits sandbox.Limits
+	m            *Manager
+	readyTarget  int
+	shellTarget  int
+	kick         chan struct{}
+	stop, done   chan struct{}
+	mu           sync.Mutex
+	ready        map[string][]*box // template name -> boxes; guarded by mu
+	shells       []*box            // guarded by mu
+	warm         map[string]warmImage
+	readyBackoff time.Time // guarded by mu: after a failed refill, shells go first
+	shellRootfs  string    // rootfs the shells are prepared on
+	shellLimits  sandbox.Limits
 }
 
 func newPool(m *Manager, readyTarget, shellTarget int) *pool {
@@ -94,7 +95,7 @@ func (p *pool) next() (name string, w warmImage, shell bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for n, img := range p.warm {
-		if len(p.ready[n]) < p.readyTarget {
+		if len(p.ready[n]) < p.readyTarget && time.Now().After(p.readyBackoff) {
 			return n, img, false
 		}
 	}
@@ -133,7 +134,10 @@ func (p *pool) fillOne() bool {
 		b, err := p.m.restoreBox(ctx, w.image, w.rootfs, p.m.cfg.DefaultLimits)
 		if err != nil {
 			p.m.log.Error("refilling pool", "template", name, "err", err)
-			return false
+			p.mu.Lock()
+			p.readyBackoff = time.Now().Add(5 * time.Second)
+			p.mu.Unlock()
+			return true // shells may still be refilled
 		}
 		return p.add(func() { p.ready[name] = append(p.ready[name], b) }, b)
 	}

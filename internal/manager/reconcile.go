@@ -132,7 +132,7 @@ func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox) bool {
 	if err != nil {
 		return false
 	}
-	limits := sandbox.Limits{CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, PidsMax: m.cfg.DefaultLimits.PidsMax}
+	limits := m.limits(rec)
 	b := newBoxValue(rec.RuntimeID, rec.Rootfs, limits, n)
 	if rec.State == sandbox.StateRunning {
 		// The agent must still answer, or the sandbox is of no use.

@@ -28,7 +28,7 @@ func (m *Manager) Warm(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	key, err := m.tpl.WarmKey(name)
+	key, err := m.tpl.WarmKey(name, m.bootKey())
 	if err != nil {
 		return err
 	}

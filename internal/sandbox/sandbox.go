@@ -85,9 +85,10 @@ type Snapshot struct {
 
 // Limits are the resources given to one sandbox.
 type Limits struct {
-	CPUCount int
-	MemoryMB int
-	PidsMax  int
+	CPUCount  int
+	MemoryMB  int
+	PidsMax   int // processes per user inside the sandbox (RLIMIT_NPROC)
+	OpenFiles int // open files per process (RLIMIT_NOFILE)
 }
 
 // Spec is what the runtime needs to start a sandbox.
@@ -134,9 +135,9 @@ type Runtime interface {
 	List(ctx context.Context) ([]string, error)
 	// Stats samples resource usage.
 	Stats(ctx context.Context, runtimeID string) (Stats, error)
-	// Watch calls onExit once when the sandbox's process exits, whatever
-	// the cause (its own Destroy included).
-	Watch(ctx context.Context, runtimeID string, onExit func()) error
+	// Watch calls onExit once when the sandbox (started with bundleDir)
+	// exits, whatever the cause (its own Destroy included).
+	Watch(ctx context.Context, bundleDir string, onExit func()) error
 }
 
 // Store persists sandbox and snapshot records. Implementations must be

@@ -100,9 +100,10 @@ func Preimport(name string) []string {
 }
 
 // WarmKey identifies what a template's warm image depends on besides its
-// rootfs: the agent files and the pre-import list. Changing either makes a
-// new warm image; the rootfs is not rebuilt.
-func (r *Registry) WarmKey(name string) (string, error) {
+// rootfs: the agent files, the pre-import list and the boot configuration
+// (boot: the caller's description of what else the image freezes). Changing
+// any makes a new warm image; the rootfs is not rebuilt.
+func (r *Registry) WarmKey(name, boot string) (string, error) {
 	h := sha256.New()
 	for _, f := range AgentFiles {
 		b, err := os.ReadFile(filepath.Join(r.agentDir, f))
@@ -111,7 +112,7 @@ func (r *Registry) WarmKey(name string) (string, error) {
 		}
 		h.Write(b)
 	}
-	fmt.Fprintf(h, "%q", Preimport(name))
+	fmt.Fprintf(h, "%q %s", Preimport(name), boot)
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 

@@ -1,9 +1,16 @@
 package integration
 
 import (
+	"context"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cellfork/cellfork/internal/envd/process"
+	"github.com/cellfork/cellfork/internal/envd/process/processconnect"
 )
 
 // TestMemoryBombIsContained: a sandbox that exceeds its memory limit dies
@@ -33,4 +40,119 @@ func TestMemoryBombIsContained(t *testing.T) {
 		t.Errorf("neighbour: %q", got)
 	}
 	eventually(t, 10*time.Second, "the dead sandbox's resources to be freed", func() bool { return len(leftovers(t, rid)) == 0 })
+}
+
+// TestHostileInside: each attack runs in a fresh sandbox and fails inside
+// it: a fork bomb, exhausting file descriptors, filling the disk,
+// signalling the agent. The sandbox (its agent, its REPL) and a neighbour
+// keep answering.
+func TestHostileInside(t *testing.T) {
+	neighbour := create(t, nil)
+	alive := func(sb sandboxInfo, what string) {
+		t.Helper()
+		if got := stdoutOf(runCode(t, sb, "print('ok')")); got != "ok\n" {
+			t.Errorf("after %s the sandbox's REPL answers %q", what, got)
+		}
+		if out, _, code := run(t, sb, "root", "echo ok"); out != "ok\n" || code != 0 {
+			t.Errorf("after %s commands answer %q (%d)", what, out, code)
+		}
+		if got := stdoutOf(runCode(t, neighbour, "print('ok')")); got != "ok\n" {
+			t.Errorf("after %s the neighbour answers %q", what, got)
+		}
+	}
+
+	t.Run("fork bomb stops at the process limit", func(t *testing.T) {
+		sb := create(t, nil)
+		out, _, _ := run(t, sb, "", `timeout 15 bash -c 'b(){ b|b& }; b' 2>&1 | grep -c -m1 "Resource temporarily unavailable"`)
+		run(t, sb, "root", "pkill -9 -u user; true")
+		if strings.TrimSpace(out) != "1" {
+			t.Errorf("fork bomb was not refused by the process limit: %q", out)
+		}
+		alive(sb, "a fork bomb")
+	})
+
+	t.Run("file descriptors run out for the hoarder", func(t *testing.T) {
+		sb := create(t, nil)
+		ev := runCode(t, sb, `
+import errno
+fs = []
+try:
+    while True:
+        fs.append(open('/dev/null'))
+except OSError as e:
+    print(errno.errorcode[e.errno], len(fs) > 1000)
+finally:
+    for f in fs: f.close()
+`)
+		if got := stdoutOf(ev); got != "EMFILE True\n" {
+			t.Errorf("fd exhaustion: %q %v", got, ev)
+		}
+		alive(sb, "exhausting file descriptors")
+	})
+
+	t.Run("filling the root filesystem fails with ENOSPC", func(t *testing.T) {
+		sb := create(t, nil)
+		out, _, _ := run(t, sb, "", "dd if=/dev/zero of=/home/user/fill bs=1M count=4096 2>&1 | grep -c 'No space left on device'")
+		if strings.TrimSpace(out) != "1" {
+			t.Errorf("filling the root filesystem: %q", out)
+		}
+		alive(sb, "filling the root filesystem")
+	})
+	// gVisor mounts /tmp and /dev/shm as tmpfs in sandbox memory and ignores
+	// a size for them: filling one ends that sandbox at its memory limit.
+	// That must stay contained and be reported.
+	t.Run("filling /tmp ends only that sandbox, and is reported", func(t *testing.T) {
+		sb := create(t, nil)
+		h := envdHeaders(sb)
+		client := processconnect.NewProcessClient(&http.Client{Transport: headerTransport{h}}, d.url, connect.WithProtoJSON())
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if stream, err := client.Start(ctx, connect.NewRequest(&process.StartRequest{
+			Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", "dd if=/dev/zero of=/tmp/fill bs=1M count=8192"}},
+		})); err == nil {
+			for stream.Receive() {
+			}
+		}
+		eventually(t, 30*time.Second, "the daemon to report the sandbox gone", func() bool {
+			r := call(t, "GET", "/sandboxes/"+sb.SandboxID, nil)
+			return r.status == 404 && strings.Contains(r.errMessage(), "memory limit")
+		})
+		if got := stdoutOf(runCode(t, neighbour, "print('ok')")); got != "ok\n" {
+			t.Errorf("neighbour: %q", got)
+		}
+	})
+
+	t.Run("the user cannot signal the agent", func(t *testing.T) {
+		sb := create(t, nil)
+		out, _, _ := run(t, sb, "", "kill -9 1 2>&1; kill -STOP 1 2>&1; kill -TERM 1 2>&1; true")
+		if strings.Count(out, "not permitted") != 3 {
+			t.Errorf("signals at the agent from the user: %q", out)
+		}
+		alive(sb, "signals at the agent")
+	})
+
+	// Root inside a sandbox can end it (gVisor does not shield a
+	// namespace's init from SIGKILL): the daemon notices at once and says
+	// so; the neighbour does not care.
+	t.Run("root ending its own sandbox is noticed", func(t *testing.T) {
+		sb := create(t, nil)
+		h := envdHeaders(sb)
+		h["Authorization"] = "Basic " + b64("root:")
+		client := processconnect.NewProcessClient(&http.Client{Transport: headerTransport{h}}, d.url, connect.WithProtoJSON())
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if stream, err := client.Start(ctx, connect.NewRequest(&process.StartRequest{
+			Process: &process.ProcessConfig{Cmd: "/bin/kill", Args: []string{"-9", "1"}},
+		})); err == nil {
+			for stream.Receive() { // the stream breaks as the sandbox ends
+			}
+		}
+		eventually(t, 10*time.Second, "the daemon to report the sandbox gone", func() bool {
+			r := call(t, "GET", "/sandboxes/"+sb.SandboxID, nil)
+			return r.status == 404 && strings.Contains(r.errMessage(), "died")
+		})
+		if got := stdoutOf(runCode(t, neighbour, "print('ok')")); got != "ok\n" {
+			t.Errorf("neighbour after root killed its own sandbox: %q", got)
+		}
+	})
 }

@@ -27,6 +27,9 @@ type Config struct {
 	Root  string // runsc state directory
 	// CgroupParent is the cgroup under which each sandbox gets its own.
 	CgroupParent string
+	// DiskMB bounds what a sandbox can write to its root filesystem (the
+	// in-memory overlay): past it, writes fail with ENOSPC. 0 = unbounded.
+	DiskMB int
 }
 
 // Runtime drives runsc. Safe for concurrent use.
@@ -58,7 +61,7 @@ func (r *Runtime) globalFlags(logFile string) []string {
 		"--root=" + r.cfg.Root,
 		"--platform=systrap",
 		"--network=sandbox",
-		"--overlay2=root:memory",
+		r.overlay(),
 		"--host-settings=ignore",
 		"--restore-spec-validation=warning",
 	}
@@ -66,6 +69,13 @@ func (r *Runtime) globalFlags(logFile string) []string {
 		f = append(f, "--log="+logFile)
 	}
 	return f
+}
+
+func (r *Runtime) overlay() string {
+	if r.cfg.DiskMB > 0 {
+		return fmt.Sprintf("--overlay2=root:memory,size=%dm", r.cfg.DiskMB)
+	}
+	return "--overlay2=root:memory"
 }
 
 // runsc runs one short runsc command with a timeout and returns its output.
@@ -125,7 +135,7 @@ func (r *Runtime) Start(ctx context.Context, s sandbox.Spec) error {
 		return err
 	}
 	defer out.Close()
-	return r.detached(ctx, "runsc", s, out, "run", "--detach", "--bundle="+s.BundleDir, s.RuntimeID)
+	return r.detached(ctx, "runsc", s, out, "run", "--detach", "--bundle="+s.BundleDir, pidFile(s.BundleDir), s.RuntimeID)
 }
 
 // Prepare creates a sandbox that runs nothing yet (sentry, gofer, cgroups
@@ -137,7 +147,7 @@ func (r *Runtime) Prepare(ctx context.Context, s sandbox.Spec) error {
 		return err
 	}
 	defer out.Close()
-	return r.detached(ctx, "runsc-create", s, out, "create", "--bundle="+s.BundleDir, s.RuntimeID)
+	return r.detached(ctx, "runsc-create", s, out, "create", "--bundle="+s.BundleDir, pidFile(s.BundleDir), s.RuntimeID)
 }
 
 // Restore starts a sandbox from a checkpoint image. If s.RuntimeID was
@@ -150,7 +160,7 @@ func (r *Runtime) Restore(ctx context.Context, s sandbox.Spec, image string, pre
 			return err
 		}
 		defer out.Close()
-		return r.detached(ctx, "restore", s, out, "restore", "--detach", "--image-path="+image, "--bundle="+s.BundleDir, s.RuntimeID)
+		return r.detached(ctx, "restore", s, out, "restore", "--detach", "--image-path="+image, "--bundle="+s.BundleDir, pidFile(s.BundleDir), s.RuntimeID)
 	}
 	out, err := os.OpenFile(filepath.Join(s.BundleDir, "console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -193,6 +203,10 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// pidFile asks runsc to write the sandbox process's pid into the bundle, so
+// that watching it needs no runsc call.
+func pidFile(bundle string) string { return "--pid-file=" + filepath.Join(bundle, "pid") }
 
 // diesWithDaemon makes a runsc command die with the daemon, so that a
 // crashed daemon leaves no command acting on sandboxes behind its

@@ -62,7 +62,7 @@ func TestStartStatsDestroy(t *testing.T) {
 		Args:      []string{"/bin/sh", "-c", "echo hi > /written-inside; exec sleep 1000"},
 		Env:       []string{"PATH=/usr/bin:/bin"},
 		NetnsPath: n.SandboxPath(),
-		Limits:    sandbox.Limits{CPUCount: 1, MemoryMB: 256, PidsMax: 100},
+		Limits:    sandbox.Limits{CPUCount: 1, MemoryMB: 256, PidsMax: 100, OpenFiles: 1024},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +101,7 @@ func spec(t *testing.T, id string, n *netns.Network, args ...string) sandbox.Spe
 	return sandbox.Spec{
 		RuntimeID: id, BundleDir: filepath.Join(t.TempDir(), "bundle"), Rootfs: "/",
 		Args: args, Env: []string{"PATH=/usr/bin:/bin"}, NetnsPath: n.SandboxPath(),
-		Limits: sandbox.Limits{CPUCount: 1, MemoryMB: 256, PidsMax: 100},
+		Limits: sandbox.Limits{CPUCount: 1, MemoryMB: 256, PidsMax: 100, OpenFiles: 1024},
 	}
 }
 

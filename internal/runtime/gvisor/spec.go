@@ -103,7 +103,13 @@ func ociSpec(s sandbox.Spec, cgroupsPath string) ociConfig {
 			Env:          s.Env,
 			Cwd:          "/",
 			Capabilities: ociCapabilities{Bounding: caps, Effective: caps, Permitted: caps},
-			Rlimits:      []ociRlimit{{Type: "RLIMIT_NOFILE", Hard: 1 << 20, Soft: 1 << 20}},
+			// gVisor enforces both for every process without CAP_SYS_ADMIN
+			// or CAP_SYS_RESOURCE (none in a sandbox has them): a fork bomb
+			// stops at PidsMax per user instead of exhausting the sandbox.
+			Rlimits: []ociRlimit{
+				{Type: "RLIMIT_NOFILE", Hard: uint64(s.Limits.OpenFiles), Soft: uint64(s.Limits.OpenFiles)},
+				{Type: "RLIMIT_NPROC", Hard: uint64(s.Limits.PidsMax), Soft: uint64(s.Limits.PidsMax)},
+			},
 		},
 		Root:     ociRoot{Path: s.Rootfs},
 		Hostname: "sandbox",
@@ -122,7 +128,11 @@ func ociSpec(s sandbox.Spec, cgroupsPath string) ociConfig {
 			Resources: ociResources{
 				Memory: ociMemory{Limit: int64(s.Limits.MemoryMB) << 20},
 				CPU:    ociCPU{Quota: int64(s.Limits.CPUCount) * cpuPeriod, Period: cpuPeriod},
-				Pids:   ociPids{Limit: int64(s.Limits.PidsMax)},
+				// The host pids cgroup bounds gVisor's own threads and
+				// systrap stub processes, not the sandbox's processes
+				// (RLIMIT_NPROC does that inside): it needs headroom, or a
+				// fork bomb starves the sentry of threads and kills it.
+				Pids: ociPids{Limit: int64(4*s.Limits.PidsMax + 1024)},
 			},
 			CgroupsPath: cgroupsPath,
 		},

@@ -2,10 +2,12 @@ package gvisor
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -86,17 +88,16 @@ func (w *watcher) add(pid int, fn func()) error {
 
 // Watch calls onExit once when the sandbox's process exits for any reason
 // (killed by the host's OOM killer, crashed, destroyed). Callers tell a
-// death from their own Destroy by their own bookkeeping.
-func (r *Runtime) Watch(ctx context.Context, id string, onExit func()) error {
-	out, err := r.runsc(ctx, 10*time.Second, "state", id)
+// death from their own Destroy by their own bookkeeping. It reads the pid
+// runsc wrote into the bundle: no runsc call, so it is cheap.
+func (r *Runtime) Watch(_ context.Context, bundleDir string, onExit func()) error {
+	b, err := os.ReadFile(filepath.Join(bundleDir, "pid"))
 	if err != nil {
-		return err
+		return fmt.Errorf("reading sandbox pid: %w", err)
 	}
-	var st struct {
-		Pid int `json:"pid"`
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return fmt.Errorf("bad sandbox pid %q", b)
 	}
-	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
-		return fmt.Errorf("no sandbox pid in runsc state of %s", id)
-	}
-	return r.watch.add(st.Pid, onExit)
+	return r.watch.add(pid, onExit)
 }
