@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -155,4 +156,48 @@ finally:
 			t.Errorf("neighbour after root killed its own sandbox: %q", got)
 		}
 	})
+}
+
+// TestIdleAndSlowClients: thousands of idle connections and a client that
+// sends its headers a byte at a time do not keep the daemon from answering
+// others promptly. (The server cuts header reads off after 10 s.)
+func TestIdleAndSlowClients(t *testing.T) {
+	addr := strings.TrimPrefix(d.url, "http://")
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range 2000 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("opening idle connection %d: %v", len(conns), err)
+		}
+		conns = append(conns, c)
+	}
+	slow, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	go func() {
+		for _, b := range []byte("GET /health HTTP/1.1\r\nHost: x\r\n") {
+			if _, err := slow.Write([]byte{b}); err != nil {
+				return
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}()
+	start := time.Now()
+	if r := call(t, "GET", "/v2/sandboxes", nil); r.status != 200 {
+		t.Fatalf("list with 2000 idle connections open: %d", r.status)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("the daemon took %v to answer with 2000 idle connections open", took)
+	}
+	sb := create(t, nil)
+	if got := stdoutOf(runCode(t, sb, "print('ok')")); got != "ok\n" {
+		t.Errorf("data plane with idle connections open: %q", got)
+	}
 }
