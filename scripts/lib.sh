@@ -21,7 +21,8 @@ start_test_daemon() {
 # terminate_test_daemon stops the daemon (it destroys its pool; sandboxes
 # would survive it, as in production) and keeps its data for inspection.
 terminate_test_daemon() {
-  kill -TERM "$TEST_DAEMON" 2>/dev/null; wait "$TEST_DAEMON" 2>/dev/null || true
+  kill -TERM "$TEST_DAEMON" 2>/dev/null || true
+  wait "$TEST_DAEMON" 2>/dev/null || true
 }
 
 stop_test_daemon() {
