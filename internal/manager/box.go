@@ -30,6 +30,9 @@ type box struct {
 	// to it (their sockets would otherwise wait on a peer that is gone).
 	ctx    context.Context
 	cancel context.CancelFunc
+	// policy is the network policy installed on the box (nil: none yet,
+	// egress refused). Guarded by the owner: the pool, or the sandbox's mu.
+	policy *sandbox.Network
 }
 
 func newBoxValue(rid, rootfs string, limits sandbox.Limits, n *netns.Network) *box {
@@ -107,7 +110,7 @@ func (m *Manager) bootKey() string {
 func (m *Manager) newBox(ctx context.Context, rootfs string, limits sandbox.Limits) (*box, error) {
 	defer timing.Since(ctx, "netns", time.Now())
 	rid := randomHex(12)
-	n, err := netns.Create(m.netName(rid))
+	n, err := netns.Create(m.netName(rid), m.hostNets)
 	if err != nil {
 		return nil, err
 	}

@@ -206,9 +206,13 @@ func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limit
 func (m *Manager) adoptNew(ctx context.Context, rec *sandbox.Sandbox, b *box, envs map[string]string) error {
 	t0 := time.Now()
 	err := m.applyPolicy(b, rec.Network)
+	timing.Since(ctx, "policy", t0)
 	if err == nil {
+		t := time.Now()
 		err = m.st.Put(ctx, rec)
+		timing.Since(ctx, "store", t)
 	}
+	t0 = time.Now()
 	if err == nil {
 		err = m.postInit(ctx, b.transport, envs)
 	}

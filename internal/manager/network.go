@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -49,13 +50,22 @@ func policyOf(n sandbox.Network) (netns.Policy, error) {
 	return netns.Policy{AllowInternet: n.AllowInternet, AllowOut: allow, DenyOut: deny}, nil
 }
 
-// applyPolicy installs the sandbox's network policy on a box.
+// applyPolicy installs the sandbox's network policy on a box, unless it is
+// there already (pooled boxes carry the default one).
 func (m *Manager) applyPolicy(b *box, n sandbox.Network) error {
+	if b.policy != nil && reflect.DeepEqual(*b.policy, n) {
+		return nil
+	}
 	p, err := policyOf(n)
 	if err != nil {
 		return err
 	}
-	return b.net.SetPolicy(p, m.hostNets)
+	if err := b.net.SetPolicy(p); err != nil {
+		return err
+	}
+	c := cloneNetwork(n)
+	b.policy = &c
+	return nil
 }
 
 // NetworkStatus is a sandbox's policy and how many connection attempts it

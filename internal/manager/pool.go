@@ -2,6 +2,9 @@ package manager
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"sync"
 	"time"
 
@@ -132,6 +135,9 @@ func (p *pool) fillOne() bool {
 	ctx := context.Background()
 	if name != "" {
 		b, err := p.m.restoreBox(ctx, w.image, w.rootfs, p.m.cfg.DefaultLimits)
+		if err == nil {
+			err = p.m.readyForHandOff(ctx, b)
+		}
 		if err != nil {
 			p.m.log.Error("refilling pool", "template", name, "err", err)
 			p.mu.Lock()
@@ -147,6 +153,22 @@ func (p *pool) fillOne() bool {
 		return false
 	}
 	return p.add(func() { p.shells = append(p.shells, b) }, b)
+}
+
+// readyForHandOff does now what a hand-off would otherwise wait for: the
+// default network policy (most creates ask for it), and a kept-alive
+// connection to the agent.
+func (m *Manager) readyForHandOff(ctx context.Context, b *box) error {
+	if err := m.applyPolicy(b, sandbox.DefaultNetwork); err != nil {
+		m.destroyBox(ctx, b)
+		return err
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://sandbox:%d/health", EnvdPort), nil)
+	if resp, err := b.transport.RoundTrip(req); err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	return nil
 }
 
 // add stores b unless the pool was closed meanwhile.

@@ -89,7 +89,7 @@ func inNS(h netns.NsHandle, f func() error) error {
 // attachUplink gives the network its uplink and policy table. It picks a
 // free slot at random; a slot taken by another network (any daemon) fails
 // with EEXIST and is retried.
-func (n *Network) attachUplink() error {
+func (n *Network) attachUplink(hostBlocked []netip.Prefix) error {
 	hr, err := netlink.NewHandleAt(n.router)
 	if err != nil {
 		return err
@@ -141,7 +141,7 @@ func (n *Network) attachUplink() error {
 	}); err != nil {
 		return fmt.Errorf("enabling forwarding: %w", err)
 	}
-	return n.routerTable()
+	return n.routerTable(hostBlocked)
 }
 
 func addr30(a netip.Addr) *netlink.Addr {

@@ -53,7 +53,7 @@ func TestEgressPolicy(t *testing.T) {
 	if err := SetupHost(blocked); err != nil {
 		t.Fatal(err)
 	}
-	n, err := Create("cftest-egress")
+	n, err := Create("cftest-egress", blocked)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestEgressPolicy(t *testing.T) {
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if i > 0 {
-				if err := n.SetPolicy(c.policy, blocked); err != nil {
+				if err := n.SetPolicy(c.policy); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -34,8 +35,13 @@ const (
 	prefixLen = 30
 )
 
-// sandboxMAC is fixed so that restored images find the same link address.
-var sandboxMAC = net.HardwareAddr{0x02, 0xcf, 0x00, 0x00, 0x00, 0x02}
+// The MACs on both ends of the sandbox link are fixed, so that a restored
+// sandbox's neighbour cache is still right (no re-resolution on its first
+// packets).
+var (
+	sandboxMAC = net.HardwareAddr{0x02, 0xcf, 0x00, 0x00, 0x00, 0x02}
+	gatewayMAC = net.HardwareAddr{0x02, 0xcf, 0x00, 0x00, 0x00, 0x01}
+)
 
 // Dir is where named network namespaces are mounted (as iproute2 does).
 const Dir = "/run/netns"
@@ -52,9 +58,11 @@ func (n *Network) Name() string { return n.name }
 // SandboxPath is the namespace path to put in the sandbox's OCI spec.
 func (n *Network) SandboxPath() string { return filepath.Join(Dir, n.name+"-s") }
 
-// Create makes the namespaces and the link between them. On error nothing
-// is left behind.
-func Create(name string) (_ *Network, err error) {
+// Create makes the namespaces, the link between them and the uplink with
+// its rules; hostBlocked are the host's networks, which the sandbox must
+// never reach. Egress is refused until SetPolicy. On error nothing is left
+// behind.
+func Create(name string, hostBlocked []netip.Prefix) (_ *Network, err error) {
 	if strings.ContainsAny(name, "/ ") || len(name) == 0 || len(name) > 60 {
 		return nil, fmt.Errorf("invalid network name %q", name)
 	}
@@ -77,7 +85,7 @@ func Create(name string) (_ *Network, err error) {
 	if err := configure(r, s); err != nil {
 		return nil, fmt.Errorf("configuring network %s: %w", name, err)
 	}
-	if err := n.attachUplink(); err != nil {
+	if err := n.attachUplink(hostBlocked); err != nil {
 		return nil, fmt.Errorf("attaching uplink to network %s: %w", name, err)
 	}
 	return n, nil
@@ -130,7 +138,7 @@ func configure(r, s netns.NsHandle) error {
 	}
 	defer hs.Close()
 	veth := &netlink.Veth{
-		LinkAttrs:        netlink.LinkAttrs{Name: "cf0"},
+		LinkAttrs:        netlink.LinkAttrs{Name: "cf0", HardwareAddr: gatewayMAC},
 		PeerName:         "eth0",
 		PeerHardwareAddr: sandboxMAC,
 		PeerNamespace:    netlink.NsFd(int(s)),

@@ -16,7 +16,7 @@ func requireRoot(t *testing.T) {
 
 func TestCreateDestroy(t *testing.T) {
 	requireRoot(t)
-	n, err := Create("cftest-a")
+	n, err := Create("cftest-a", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestCreateDestroy(t *testing.T) {
 }
 
 func TestCreateRejectsBadName(t *testing.T) {
-	if _, err := Create("a/b"); err == nil {
+	if _, err := Create("a/b", nil); err == nil {
 		t.Fatal("want error")
 	}
 }

@@ -111,10 +111,11 @@ func rule(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, exprs ...[]ex
 func one(e expr.Any) []expr.Any { return []expr.Any{e} }
 
 // routerTable installs the router namespace's table: forwarding only from
-// the sandbox out to the uplink (through the policy chain), nothing new to
-// the router itself, masquerade out of the uplink. The policy chain starts
-// as deny-all until SetPolicy.
-func (n *Network) routerTable() error {
+// the sandbox out to the uplink, first past the always-refused
+// destinations (static, installed once here), then through the "policy"
+// chain (SetPolicy rewrites only that one, which starts as deny-all);
+// nothing new to the router itself; masquerade out of the uplink.
+func (n *Network) routerTable(hostBlocked []netip.Prefix) error {
 	c, err := nftables.New(nftables.WithNetNSFd(int(n.router)))
 	if err != nil {
 		return err
@@ -122,6 +123,7 @@ func (n *Network) routerTable() error {
 	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: tableName})
 	c.AddObj(&nftables.CounterObj{Table: t, Name: deniedName})
 	egress := c.AddChain(&nftables.Chain{Name: "egress", Table: t})
+	policy := c.AddChain(&nftables.Chain{Name: "policy", Table: t})
 	drop := nftables.ChainPolicyDrop
 	accept := nftables.ChainPolicyAccept
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
@@ -136,30 +138,32 @@ func (n *Network) routerTable() error {
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 	rule(c, t, post, oif("up0"), one(&expr.Masq{}))
-	refuse(c, t, egress, true)
+	for _, pr := range append(append([]netip.Prefix{}, alwaysBlocked...), hostBlocked...) {
+		refuse(c, t, egress, true, daddrIn(pr))
+	}
+	rule(c, t, egress, one(&expr.Verdict{Kind: expr.VerdictJump, Chain: "policy"}))
+	refuse(c, t, policy, true)
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("installing router rules: %w", err)
 	}
 	return nil
 }
 
-// SetPolicy replaces the network's egress policy, atomically. blocked are
-// destinations denied whatever the policy (the host's own networks).
-func (n *Network) SetPolicy(p Policy, blocked []netip.Prefix) error {
+// SetPolicy replaces the network's egress policy, atomically. The
+// always-refused destinations stay refused whatever it says.
+func (n *Network) SetPolicy(p Policy) error {
 	c, err := nftables.New(nftables.WithNetNSFd(int(n.router)))
 	if err != nil {
 		return err
 	}
 	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: tableName}
-	egress := &nftables.Chain{Name: "egress", Table: t}
+	egress := &nftables.Chain{Name: "policy", Table: t}
 	c.FlushChain(egress)
 	deny := func(ps []netip.Prefix) {
 		for _, pr := range ps {
 			refuse(c, t, egress, true, daddrIn(pr))
 		}
 	}
-	deny(alwaysBlocked)
-	deny(blocked)
 	deny(p.DenyOut)
 	for _, pr := range p.AllowOut {
 		rule(c, t, egress, daddrIn(pr), one(verdict(expr.VerdictAccept)))

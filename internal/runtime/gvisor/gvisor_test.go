@@ -49,7 +49,7 @@ func TestStartStatsDestroy(t *testing.T) {
 	r := newTestRuntime(t)
 	ctx, rec := timing.With(context.Background())
 	id := randomID()
-	n, err := netns.Create("cft" + id[:8])
+	n, err := netns.Create("cft"+id[:8], nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func spec(t *testing.T, id string, n *netns.Network, args ...string) sandbox.Spe
 
 func newNet(t *testing.T) *netns.Network {
 	t.Helper()
-	n, err := netns.Create("cft" + randomID()[:8])
+	n, err := netns.Create("cft"+randomID()[:8], nil)
 	if err != nil {
 		t.Fatal(err)
 	}
