@@ -20,7 +20,8 @@ import (
 
 func (s *Server) routes() {
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		ready, shells := s.m.PoolStats()
+		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "pool": map[string]any{"ready": ready, "shells": shells}})
 	})
 	s.mux.HandleFunc("GET /openapi.yaml", serveOpenAPI)
 	s.mux.HandleFunc("POST /v2/sandboxes", s.create)

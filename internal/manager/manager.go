@@ -357,6 +357,10 @@ func (m *Manager) expire(l *Live, id string) {
 	}
 }
 
+// PoolStats reports how many ready sandboxes per template and prepared
+// shells the pool holds.
+func (m *Manager) PoolStats() (ready map[string]int, shells int) { return m.pool.stats() }
+
 // Close stops the timers and the pool (destroying pooled boxes). Sandboxes
 // keep running; the next daemon adopts them.
 func (m *Manager) Close() {

@@ -148,6 +148,11 @@ func (p *pool) fillOne() bool {
 		return p.add(func() { p.ready[name] = append(p.ready[name], b) }, b)
 	}
 	b, err := p.m.prepareBox(ctx, p.shellRootfs, p.shellLimits)
+	if err == nil {
+		if err = p.m.applyPolicy(b, sandbox.DefaultNetwork); err != nil {
+			p.m.destroyBox(ctx, b)
+		}
+	}
 	if err != nil {
 		p.m.log.Error("preparing shell", "err", err)
 		return false

@@ -13,9 +13,12 @@
 package netns
 
 import (
+	"sync"
+
 	"context"
 	"errors"
 	"fmt"
+	"github.com/google/nftables"
 	"net"
 	"net/netip"
 	"os"
@@ -50,6 +53,8 @@ const Dir = "/run/netns"
 type Network struct {
 	name   string
 	router netns.NsHandle
+	mu     sync.Mutex     // guards nft
+	nft    *nftables.Conn // lasting netlink connection into the router namespace
 }
 
 // Name returns the base name (the namespaces are name-r and name-s).
@@ -214,8 +219,14 @@ func (n *Network) Dial(ctx context.Context, port int) (net.Conn, error) {
 	return c, err
 }
 
-// Close releases the Network's handle without touching the namespaces.
+// Close releases the Network's handles without touching the namespaces.
 func (n *Network) Close() {
+	n.mu.Lock()
+	if n.nft != nil {
+		_ = n.nft.CloseLasting()
+		n.nft = nil
+	}
+	n.mu.Unlock()
 	if n.router >= 0 {
 		n.router.Close()
 		n.router = -1

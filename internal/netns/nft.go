@@ -110,13 +110,28 @@ func rule(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, exprs ...[]ex
 
 func one(e expr.Any) []expr.Any { return []expr.Any{e} }
 
+// conn returns the network's lasting nftables connection (opening a
+// netlink socket inside a namespace costs milliseconds). Caller holds n.mu.
+func (n *Network) conn() (*nftables.Conn, error) {
+	if n.nft == nil {
+		c, err := nftables.New(nftables.WithNetNSFd(int(n.router)), nftables.AsLasting())
+		if err != nil {
+			return nil, err
+		}
+		n.nft = c
+	}
+	return n.nft, nil
+}
+
 // routerTable installs the router namespace's table: forwarding only from
 // the sandbox out to the uplink, first past the always-refused
 // destinations (static, installed once here), then through the "policy"
 // chain (SetPolicy rewrites only that one, which starts as deny-all);
 // nothing new to the router itself; masquerade out of the uplink.
 func (n *Network) routerTable(hostBlocked []netip.Prefix) error {
-	c, err := nftables.New(nftables.WithNetNSFd(int(n.router)))
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	c, err := n.conn()
 	if err != nil {
 		return err
 	}
@@ -152,7 +167,9 @@ func (n *Network) routerTable(hostBlocked []netip.Prefix) error {
 // SetPolicy replaces the network's egress policy, atomically. The
 // always-refused destinations stay refused whatever it says.
 func (n *Network) SetPolicy(p Policy) error {
-	c, err := nftables.New(nftables.WithNetNSFd(int(n.router)))
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	c, err := n.conn()
 	if err != nil {
 		return err
 	}
@@ -182,7 +199,9 @@ func (n *Network) SetPolicy(p Policy) error {
 // Denied returns how many packets of new connections the sandbox's policy
 // (or the router's input rule) has refused.
 func (n *Network) Denied() (uint64, error) {
-	c, err := nftables.New(nftables.WithNetNSFd(int(n.router)))
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	c, err := n.conn()
 	if err != nil {
 		return 0, err
 	}
