@@ -220,13 +220,6 @@ func shortTime(s string) string {
 	return t.UTC().Format(time.RFC3339)
 }
 
-// killResult is one line of `sandbox kill --json`.
-type killResult struct {
-	SandboxID string `json:"sandboxID"`
-	Killed    bool   `json:"killed"`
-	Error     string `json:"error,omitempty"`
-}
-
 func (a *app) sandboxKill(ctx context.Context, args []string) error {
 	fs := a.flagSet("sandbox kill")
 	ids, err := parseArgs(fs, args, 0)
@@ -236,18 +229,25 @@ func (a *app) sandboxKill(ctx context.Context, args []string) error {
 	if len(ids) == 0 {
 		return &usageError{msg: "missing sandbox id", usage: usageKill}
 	}
+	return a.deleteEach(ctx, ids, "/sandboxes/", "sandboxID", "killed")
+}
+
+// deleteEach sends DELETE prefix+id for every id. It prints each id it
+// deleted (with --json, one {idKey, doneKey, "error"?} object per id) and
+// reports a failure if any delete failed.
+func (a *app) deleteEach(ctx context.Context, ids []string, prefix, idKey, doneKey string) error {
 	c, err := a.client()
 	if err != nil {
 		return err
 	}
-	results := make([]killResult, 0, len(ids))
+	results := make([]map[string]any, 0, len(ids))
 	failed := false
 	for _, id := range ids {
-		_, err := c.do(ctx, http.MethodDelete, "/sandboxes/"+url.PathEscape(id), nil, nil, nil)
-		r := killResult{SandboxID: id, Killed: err == nil}
+		_, err := c.do(ctx, http.MethodDelete, prefix+url.PathEscape(id), nil, nil, nil)
+		r := map[string]any{idKey: id, doneKey: err == nil}
 		if err != nil {
 			failed = true
-			r.Error = err.Error()
+			r["error"] = err.Error()
 			fmt.Fprintf(a.stderr, "cellfork: %s\n", err)
 		} else if !a.g.json {
 			fmt.Fprintln(a.stdout, id)
@@ -255,11 +255,7 @@ func (a *app) sandboxKill(ctx context.Context, args []string) error {
 		results = append(results, r)
 	}
 	if a.g.json {
-		raw, err := json.Marshal(results)
-		if err != nil {
-			return fmt.Errorf("encoding results: %w", err)
-		}
-		if err := a.printJSON(raw); err != nil {
+		if err := a.printJSONValue(results); err != nil {
 			return err
 		}
 	}

@@ -109,7 +109,11 @@ func TestSandboxKill(t *testing.T) {
 	}
 
 	code, out, _ = d.run(context.Background(), "", "sandbox", "kill", "--json", "a", "missing")
-	var res []killResult
+	var res []struct {
+		SandboxID string `json:"sandboxID"`
+		Killed    bool   `json:"killed"`
+		Error     string `json:"error"`
+	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil || code != 1 || len(res) != 2 ||
 		!res[0].Killed || res[1].Killed || res[1].Error == "" {
 		t.Errorf("--json: code %d out %q err %v", code, out, err)

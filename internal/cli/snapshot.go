@@ -370,13 +370,6 @@ func treeJSON(nodes []*snapshotNode) ([]map[string]json.RawMessage, error) {
 	return out, nil
 }
 
-// removeResult is one entry of `snapshot rm --json`.
-type removeResult struct {
-	SnapshotID string `json:"snapshotID"`
-	Deleted    bool   `json:"deleted"`
-	Error      string `json:"error,omitempty"`
-}
-
 func (a *app) snapshotRemove(ctx context.Context, args []string) error {
 	fs := a.flagSet("snapshot rm")
 	ids, err := parseArgs(fs, args, 0)
@@ -386,33 +379,7 @@ func (a *app) snapshotRemove(ctx context.Context, args []string) error {
 	if len(ids) == 0 {
 		return &usageError{msg: "missing snapshot id", usage: usageSnapshotRemove}
 	}
-	c, err := a.client()
-	if err != nil {
-		return err
-	}
-	results := make([]removeResult, 0, len(ids))
-	failed := false
-	for _, id := range ids {
-		_, err := c.do(ctx, http.MethodDelete, "/snapshots/"+url.PathEscape(id), nil, nil, nil)
-		r := removeResult{SnapshotID: id, Deleted: err == nil}
-		if err != nil {
-			failed = true
-			r.Error = err.Error()
-			fmt.Fprintf(a.stderr, "cellfork: %s\n", err)
-		} else if !a.g.json {
-			fmt.Fprintln(a.stdout, id)
-		}
-		results = append(results, r)
-	}
-	if a.g.json {
-		if err := a.printJSONValue(results); err != nil {
-			return err
-		}
-	}
-	if failed {
-		return &exitError{code: 1}
-	}
-	return nil
+	return a.deleteEach(ctx, ids, "/snapshots/", "snapshotID", "deleted")
 }
 
 // snapshotUsageInfo is GET /snapshots/usage.

@@ -206,7 +206,11 @@ func TestSnapshotRemove(t *testing.T) {
 	d.last("DELETE", "/snapshots/ready")
 
 	code, out, _ = d.run(context.Background(), "", "snapshot", "rm", "--json", "snapA", "missing")
-	var res []removeResult
+	var res []struct {
+		SnapshotID string `json:"snapshotID"`
+		Deleted    bool   `json:"deleted"`
+		Error      string `json:"error"`
+	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil || code != 1 || len(res) != 2 ||
 		!res[0].Deleted || res[1].Deleted || res[1].Error == "" || res[1].SnapshotID != "missing" {
 		t.Errorf("--json: code %d out %q err %v", code, out, err)
