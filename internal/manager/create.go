@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"strings"
@@ -108,7 +109,7 @@ type source struct {
 // first, then snapshot ids and names.
 func (m *Manager) resolve(ctx context.Context, id string) (source, error) {
 	if name, err := template.Resolve(id); err == nil {
-		rootfs, err := m.tpl.Rootfs(ctx, name, discard)
+		rootfs, err := m.tpl.Rootfs(ctx, name, io.Discard)
 		if err != nil {
 			return source{}, err
 		}

@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -378,6 +377,3 @@ func (m *Manager) Close() {
 		l.mu.Unlock()
 	}
 }
-
-// discard is the progress writer for template builds triggered by a create.
-var discard io.Writer = io.Discard

@@ -451,5 +451,3 @@ func (m *Manager) Merge(ctx context.Context, parentID, childID string) (*sandbox
 	m.log.Info("sandbox merged", "sandbox.id", parentID, "child", childID)
 	return cloneRecord(p.rec), nil
 }
-
-var _ = errors.Is

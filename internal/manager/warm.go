@@ -3,13 +3,13 @@ package manager
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/template"
 )
 
@@ -24,7 +24,7 @@ type warmImage struct {
 // Warm makes sure the template has a warm image (building it if needed)
 // and hands it to the pool. Without one, creates boot the template.
 func (m *Manager) Warm(ctx context.Context, name string) error {
-	rootfs, err := m.tpl.Rootfs(ctx, name, discard)
+	rootfs, err := m.tpl.Rootfs(ctx, name, io.Discard)
 	if err != nil {
 		return err
 	}
@@ -128,5 +128,3 @@ func imageSize(dir string) int64 {
 	}
 	return n
 }
-
-var _ = sandbox.StateRunning
