@@ -1,6 +1,8 @@
-// Package manager owns every sandbox state transition: create, kill,
-// timeouts, and reconciling with what really runs after a daemon restart.
-// It knows nothing about HTTP; internal/api translates.
+// Package manager owns every sandbox state transition: create (from the
+// pool, by restore, or by boot), kill, timeouts, snapshot, fork, rollback,
+// pause/resume, merge, network policy, noticing sandboxes that die, and
+// reconciling with what really runs after a daemon restart. It knows
+// nothing about HTTP; internal/api translates.
 package manager
 
 import (
