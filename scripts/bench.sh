@@ -5,6 +5,8 @@
 #   core: bench/bench.py (create, run_code, exec vs raw runsc run/exec)
 #   fork: bench/fork.py  (pool, snapshot, create-from-snapshot, fork,
 #         rollback, pause/resume, density vs raw runsc checkpoint/restore)
+#   noisy: bench/noisy.py (a victim's hot run_code while a neighbour abuses
+#         CPU, memory, processes, disk; target p99 <= 3x quiet)
 # Options other than --quick belong to one suite; pass them with --suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,13 +20,14 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$suite" in
-  all|core|fork) ;;
-  *) echo "usage: scripts/bench.sh [--suite all|core|fork] [--quick] [suite options]" >&2; exit 2 ;;
+  all|core|fork|noisy) ;;
+  *) echo "usage: scripts/bench.sh [--suite all|core|fork|noisy] [--quick] [suite options]" >&2; exit 2 ;;
 esac
 . scripts/lib.sh
 start_test_daemon
 export CELLFORK_DATA_DIR="$TEST_TMP/data" CELLFORK_DAEMON_LOG="$TEST_TMP/daemon.log"
 rc=0
-if [ "$suite" != fork ]; then .venv/bin/python bench/bench.py "${args[@]}" || rc=$?; echo; fi
-if [ "$suite" != core ]; then .venv/bin/python bench/fork.py "${args[@]}" || rc=$?; fi
+if [ "$suite" = all ] || [ "$suite" = core ]; then .venv/bin/python bench/bench.py "${args[@]}" || rc=$?; echo; fi
+if [ "$suite" = all ] || [ "$suite" = fork ]; then .venv/bin/python bench/fork.py "${args[@]}" || rc=$?; echo; fi
+if [ "$suite" = all ] || [ "$suite" = noisy ]; then .venv/bin/python bench/noisy.py "${args[@]}" || rc=$?; fi
 exit $rc
