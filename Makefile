@@ -4,7 +4,7 @@ DATA_DIR ?= /var/lib/cellfork
 ADDR ?= 127.0.0.1:3000
 GO_BUILD := CGO_ENABLED=0 go build -trimpath
 
-.PHONY: all setup build template demo stop test test-go test-python bench generate check-generated clean
+.PHONY: all setup build template demo stop test bench security-report generate clean
 
 all: build
 
@@ -35,6 +35,12 @@ test: setup template
 
 bench: setup template
 	@bash scripts/bench.sh
+
+# security-report: run the integration suite (real gVisor sandboxes) and
+# write docs/security.md from the attacks it ran.
+security-report: setup template
+	CELLFORK_SECURITY_REPORT=$(CURDIR)/docs/security.md CELLFORK_TEMPLATE_DIR=$(DATA_DIR)/templates \
+		go test -count=1 -timeout 20m ./test/integration/
 
 generate:
 	PATH="$$PATH:$$(go env GOPATH)/bin" go generate ./...

@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"compress/gzip"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -45,6 +46,7 @@ func TestBadInputControlPlane(t *testing.T) {
 				h[k] = v
 			}
 			r := callWith(t, c.method, c.path, c.body, h)
+			record("API input (control plane)", c.name, fmt.Sprint(c.want), fmt.Sprintf("%d %s", r.status, r.errMessage()), r.status == c.want && r.errMessage() != "")
 			if r.status != c.want {
 				t.Errorf("status %d, want %d: %s", r.status, c.want, r.body)
 			}
@@ -98,6 +100,7 @@ func TestBadInputDataPlane(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r := dataCall(t, c.method, c.path, c.headers, c.body)
+			record("API input (data plane)", c.name, fmt.Sprint(c.want), fmt.Sprintf("%d %s", r.status, r.errMessage()), r.status == c.want)
 			if r.status != c.want {
 				t.Errorf("status %d, want %d: %s", r.status, c.want, r.body)
 			}

@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -113,6 +114,7 @@ func TestCrashDuringFork(t *testing.T) {
 	crashDaemon(t, 150*time.Millisecond)
 	check(t, parent, st)
 	allSound(t)
+	record("crashes", "daemon SIGKILLed mid fork(4)", "parent intact, no half-made child", "checked", !t.Failed())
 	var list []struct {
 		SandboxID string `json:"sandboxID"`
 	}
@@ -132,6 +134,7 @@ func TestCrashDuringSnapshotAndRollback(t *testing.T) {
 	crashDaemon(t, 20*time.Millisecond)
 	check(t, sb, st)
 	allSound(t)
+	record("crashes", "daemon SIGKILLed mid snapshot", "sandbox intact, no corrupt snapshot", "checked", !t.Failed())
 
 	sid := snapshotOf(t, sb.SandboxID, "")
 	mutate(t, sb, "after")
@@ -147,6 +150,7 @@ func TestCrashDuringSnapshotAndRollback(t *testing.T) {
 		t.Errorf("after a crash mid-rollback the REPL holds %q", got)
 	}
 	allSound(t)
+	record("crashes", "daemon SIGKILLed mid rollback", "old or new state, never half", "REPL holds "+got, !t.Failed())
 }
 
 func TestKillRunscDuringSnapshot(t *testing.T) {
@@ -168,6 +172,7 @@ func TestKillRunscDuringSnapshot(t *testing.T) {
 	})
 	check(t, sb, st)
 	allSound(t)
+	record("crashes", "runsc SIGKILLed mid checkpoint", "sandbox intact, snapshot fails cleanly", fmt.Sprint(r.status), !t.Failed())
 }
 
 func TestCrashDuringPause(t *testing.T) {
@@ -181,4 +186,5 @@ func TestCrashDuringPause(t *testing.T) {
 	}
 	check(t, sb, st)
 	allSound(t)
+	record("crashes", "daemon SIGKILLed mid pause-to-disk", "connect brings the same state back", "checked", !t.Failed())
 }

@@ -32,6 +32,7 @@ func TestMemoryBombIsContained(t *testing.T) {
 		r := call(t, "GET", "/sandboxes/"+bomb.SandboxID, nil)
 		return r.status == 404 && strings.Contains(r.errMessage(), "memory limit")
 	})
+	record("inside a sandbox", "memory bomb (1 GiB in a 256 MiB sandbox)", "only that sandbox ends; reported", "ended, reported: exceeded its memory limit", true)
 	<-done
 	r := dataCall(t, "GET", "/health", map[string]string{"E2b-Sandbox-Id": bomb.SandboxID, "E2b-Sandbox-Port": "49983"}, nil)
 	if r.status != 502 || !strings.Contains(r.errMessage(), "was not found") || !strings.Contains(r.errMessage(), "memory limit") {
@@ -66,6 +67,7 @@ func TestHostileInside(t *testing.T) {
 		sb := create(t, nil)
 		out, _, _ := run(t, sb, "", `timeout 15 bash -c 'b(){ b|b& }; b' 2>&1 | grep -c -m1 "Resource temporarily unavailable"`)
 		run(t, sb, "root", "pkill -9 -u user; true")
+		record("inside a sandbox", "fork bomb", "refused by the process limit", "EAGAIN seen: "+strings.TrimSpace(out), strings.TrimSpace(out) == "1")
 		if strings.TrimSpace(out) != "1" {
 			t.Errorf("fork bomb was not refused by the process limit: %q", out)
 		}
@@ -85,6 +87,7 @@ except OSError as e:
 finally:
     for f in fs: f.close()
 `)
+		record("inside a sandbox", "exhaust file descriptors", "EMFILE", stdoutOf(ev), stdoutOf(ev) == "EMFILE True\n")
 		if got := stdoutOf(ev); got != "EMFILE True\n" {
 			t.Errorf("fd exhaustion: %q %v", got, ev)
 		}
@@ -94,6 +97,7 @@ finally:
 	t.Run("filling the root filesystem fails with ENOSPC", func(t *testing.T) {
 		sb := create(t, nil)
 		out, _, _ := run(t, sb, "", "dd if=/dev/zero of=/home/user/fill bs=1M count=4096 2>&1 | grep -c 'No space left on device'")
+		record("inside a sandbox", "fill the root filesystem", "ENOSPC", "ENOSPC seen: "+strings.TrimSpace(out), strings.TrimSpace(out) == "1")
 		if strings.TrimSpace(out) != "1" {
 			t.Errorf("filling the root filesystem: %q", out)
 		}
@@ -118,6 +122,7 @@ finally:
 			r := call(t, "GET", "/sandboxes/"+sb.SandboxID, nil)
 			return r.status == 404 && strings.Contains(r.errMessage(), "memory limit")
 		})
+		record("inside a sandbox", "fill /tmp (tmpfs)", "only that sandbox ends; reported", "ended, reported: exceeded its memory limit", true)
 		if got := stdoutOf(runCode(t, neighbour, "print('ok')")); got != "ok\n" {
 			t.Errorf("neighbour: %q", got)
 		}
@@ -126,6 +131,7 @@ finally:
 	t.Run("the user cannot signal the agent", func(t *testing.T) {
 		sb := create(t, nil)
 		out, _, _ := run(t, sb, "", "kill -9 1 2>&1; kill -STOP 1 2>&1; kill -TERM 1 2>&1; true")
+		record("inside a sandbox", "user sends SIGKILL/SIGSTOP/SIGTERM to the agent", "EPERM", out, strings.Count(out, "not permitted") == 3)
 		if strings.Count(out, "not permitted") != 3 {
 			t.Errorf("signals at the agent from the user: %q", out)
 		}
@@ -152,6 +158,7 @@ finally:
 			r := call(t, "GET", "/sandboxes/"+sb.SandboxID, nil)
 			return r.status == 404 && strings.Contains(r.errMessage(), "died")
 		})
+		record("inside a sandbox", "root SIGKILLs the agent (pid 1)", "only that sandbox ends; reported", "ended, reported as died", true)
 		if got := stdoutOf(runCode(t, neighbour, "print('ok')")); got != "ok\n" {
 			t.Errorf("neighbour after root killed its own sandbox: %q", got)
 		}
@@ -193,7 +200,9 @@ func TestIdleAndSlowClients(t *testing.T) {
 	if r := call(t, "GET", "/v2/sandboxes", nil); r.status != 200 {
 		t.Fatalf("list with 2000 idle connections open: %d", r.status)
 	}
-	if took := time.Since(start); took > 2*time.Second {
+	took := time.Since(start)
+	record("API clients", "2000 idle connections + a byte-a-second client", "others answered within 2 s", took.Round(time.Millisecond).String(), took <= 2*time.Second)
+	if took > 2*time.Second {
 		t.Errorf("the daemon took %v to answer with 2000 idle connections open", took)
 	}
 	sb := create(t, nil)

@@ -40,6 +40,12 @@ for t in %q.split():
 `, strings.Join(targets, " "))
 	ev := runCode(t, a, script)
 	out := stdoutOf(ev)
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 {
+			record("isolation", "connect from a sandbox to "+f[1], "refused", line, f[0] == "blocked")
+		}
+	}
 	if strings.Contains(out, "REACHED") || strings.Count(out, "blocked") != len(targets) {
 		t.Fatalf("isolation broken:\n%s\n%v", out, ev)
 	}

@@ -67,6 +67,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	if err := writeSecurityReport(); err != nil {
+		fmt.Fprintln(os.Stderr, "writing the security report:", err)
+		code = 1
+	}
 	if code != 0 {
 		logs := d.logs()
 		if len(logs) > 6000 {

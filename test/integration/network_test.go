@@ -41,12 +41,16 @@ func TestNetworkPolicy(t *testing.T) {
 	if got := reach(t, open, netnstest.PublicAddr); got != "hi" {
 		t.Fatalf("default policy (internet on) cannot reach a public host: %s", got)
 	}
-	if got := reach(t, open, netnstest.PrivateAddr); got == "hi" {
+	got := reach(t, open, netnstest.PrivateAddr)
+	record("egress policy", "reach a private address not allowed", "refused", got, got != "hi")
+	if got == "hi" {
 		t.Error("a private range was reachable without being allowed")
 	}
 
 	closed := create(t, map[string]any{"allow_internet_access": false})
-	if got := reach(t, closed, netnstest.PublicAddr); got == "hi" || !strings.HasPrefix(got, "Connection") {
+	got = reach(t, closed, netnstest.PublicAddr)
+	record("egress policy", "reach a public host with internet off", "refused at once", got, got != "hi" && strings.HasPrefix(got, "Connection"))
+	if got == "hi" || !strings.HasPrefix(got, "Connection") {
 		t.Errorf("internet off: %s (want a refusal, at once)", got)
 	}
 	if n := denied(t, closed.SandboxID); n < 1 {
@@ -87,7 +91,9 @@ func TestNetworkPolicy(t *testing.T) {
 	}
 	kid := *kids[0].Sandbox
 	t.Cleanup(func() { killQuietly(kid.SandboxID) })
-	if got := reach(t, kid, netnstest.PublicAddr); got == "hi" {
+	got = reach(t, kid, netnstest.PublicAddr)
+	record("egress policy", "fork child reaches what its parent's denyOut refuses", "refused", got, got != "hi")
+	if got == "hi" {
 		t.Error("fork child did not inherit the parent's denyOut")
 	}
 	call(t, "POST", "/sandboxes/"+closed.SandboxID+"/pause", map[string]any{"spill": true})
@@ -104,7 +110,9 @@ func TestNetworkPolicy(t *testing.T) {
 		{"allowOut": []string{"*.example.com"}}, {"denyOut": []string{"not an address"}},
 		{"allowOut": []string{"::1"}}, {"dnsServers": []string{"1.1.1.1"}},
 	} {
-		if r := call(t, "PUT", "/sandboxes/"+open.SandboxID+"/network", bad); r.status != 400 || r.errMessage() == "" {
+		r := call(t, "PUT", "/sandboxes/"+open.SandboxID+"/network", bad)
+		record("egress policy", fmt.Sprintf("policy %v", bad), "400", fmt.Sprintf("%d %s", r.status, r.errMessage()), r.status == 400)
+		if r.status != 400 || r.errMessage() == "" {
 			t.Errorf("bad policy %v: %d %s", bad, r.status, r.body)
 		}
 	}
@@ -122,7 +130,9 @@ func TestPrivatePorts(t *testing.T) {
 		return dataCall(t, "GET", "/", h, nil).status == 200
 	})
 	delete(h, "E2b-Traffic-Access-Token")
-	if r := dataCall(t, "GET", "/", h, nil); r.status != 401 || !strings.Contains(r.errMessage(), "private") {
+	r := dataCall(t, "GET", "/", h, nil)
+	record("ingress", "reach a private port without the traffic token", "401", fmt.Sprintf("%d %s", r.status, r.errMessage()), r.status == 401)
+	if r.status != 401 || !strings.Contains(r.errMessage(), "private") {
 		t.Errorf("private port without the token: %d %s", r.status, r.body)
 	}
 }
