@@ -39,7 +39,10 @@ func newEnv(t *testing.T) *env {
 	dir := t.TempDir()
 	s := agent.NewSettings()
 	// The host has no user `user`: run as root with the temp dir as workdir.
-	s.Init("root", dir, map[string]string{"CELLFORK_GLOBAL": "g"})
+	// HOME is the temp dir too, so login shells read none of the host's
+	// dotfiles (a host profile that takes locks, like pyenv's, would make
+	// the tests depend on the machine).
+	s.Init("root", dir, map[string]string{"CELLFORK_GLOBAL": "g", "HOME": dir})
 	srv := httptest.NewServer(New(s))
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { poll(t, "no leaked child processes", func() bool { return len(children()) == 0 }) })

@@ -112,7 +112,8 @@ func TestStartEnvCwdAndUser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := e.dir + "|/root|root|root|overridden|r|0\n"; r.stdout.String() != want {
+	// HOME: the sandbox-wide value (newEnv sets it) wins over the account's.
+	if want := e.dir + "|" + e.dir + "|root|root|overridden|r|0\n"; r.stdout.String() != want {
 		t.Fatalf("got %q, want %q", r.stdout.String(), want)
 	}
 
@@ -123,7 +124,9 @@ func TestStartEnvCwdAndUser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "65534:65534|/nonexistent|nobody|/\n"; r.stdout.String() != want {
+	// HOME is newEnv's sandbox-wide value (the account's own home is what
+	// the integration tests check: /home/user in a real sandbox).
+	if want := "65534:65534|" + e.dir + "|nobody|/\n"; r.stdout.String() != want {
 		t.Fatalf("got %q, want %q", r.stdout.String(), want)
 	}
 }
