@@ -209,6 +209,19 @@ func flagError(err error, usage string) error {
 // positional arguments in order. "--" ends flag parsing; so does the
 // stopAfter-th positional argument when stopAfter > 0. Everything after
 // that point is returned verbatim (a terminating "--" itself is dropped).
+// parseNoArgs parses the flags of a command that takes no positional
+// arguments, refusing any with the command's usage.
+func parseNoArgs(fs *flag.FlagSet, args []string, usage string) error {
+	pos, err := parseArgs(fs, args, 0)
+	if err != nil {
+		return flagError(err, usage)
+	}
+	if len(pos) > 0 {
+		return &usageError{msg: fmt.Sprintf("unexpected argument %q", pos[0]), usage: usage}
+	}
+	return nil
+}
+
 // A lone "-" is positional.
 func parseArgs(fs *flag.FlagSet, args []string, stopAfter int) ([]string, error) {
 	var pos []string

@@ -51,12 +51,8 @@ func (a *app) sandboxCreate(ctx context.Context, args []string) error {
 	timeout := fs.Int("timeout", 300, "")
 	fs.Var(&env, "env", "")
 	fs.Var(&meta, "metadata", "")
-	pos, err := parseArgs(fs, args, 0)
-	if err != nil {
-		return flagError(err, usageCreate)
-	}
-	if len(pos) > 0 {
-		return &usageError{msg: fmt.Sprintf("unexpected argument %q", pos[0]), usage: usageCreate}
+	if err := parseNoArgs(fs, args, usageCreate); err != nil {
+		return err
 	}
 	// --snapshot is --template by another name: the daemon takes a
 	// snapshot's id or name as templateID.
@@ -120,12 +116,8 @@ func (a *app) sandboxList(ctx context.Context, args []string) error {
 	var meta kvFlag
 	state := fs.String("state", "", "")
 	fs.Var(&meta, "metadata", "")
-	pos, err := parseArgs(fs, args, 0)
-	if err != nil {
-		return flagError(err, usageList)
-	}
-	if len(pos) > 0 {
-		return &usageError{msg: fmt.Sprintf("unexpected argument %q", pos[0]), usage: usageList}
+	if err := parseNoArgs(fs, args, usageList); err != nil {
+		return err
 	}
 	c, err := a.client()
 	if err != nil {

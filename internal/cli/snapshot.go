@@ -104,12 +104,8 @@ func (a *app) snapshotList(ctx context.Context, args []string) error {
 	fs := a.flagSet("snapshot list")
 	sandbox := fs.String("sandbox", "", "")
 	name := fs.String("name", "", "")
-	pos, err := parseArgs(fs, args, 0)
-	if err != nil {
-		return flagError(err, usageSnapshotList)
-	}
-	if len(pos) > 0 {
-		return &usageError{msg: fmt.Sprintf("unexpected argument %q", pos[0]), usage: usageSnapshotList}
+	if err := parseNoArgs(fs, args, usageSnapshotList); err != nil {
+		return err
 	}
 	c, err := a.client()
 	if err != nil {
@@ -283,12 +279,8 @@ func buildSnapshotTree(items []json.RawMessage) ([]*snapshotNode, error) {
 
 func (a *app) snapshotTree(ctx context.Context, args []string) error {
 	fs := a.flagSet("snapshot tree")
-	pos, err := parseArgs(fs, args, 0)
-	if err != nil {
-		return flagError(err, usageSnapshotTree)
-	}
-	if len(pos) > 0 {
-		return &usageError{msg: fmt.Sprintf("unexpected argument %q", pos[0]), usage: usageSnapshotTree}
+	if err := parseNoArgs(fs, args, usageSnapshotTree); err != nil {
+		return err
 	}
 	c, err := a.client()
 	if err != nil {
@@ -391,12 +383,8 @@ type snapshotUsageInfo struct {
 
 func (a *app) snapshotUsage(ctx context.Context, args []string) error {
 	fs := a.flagSet("snapshot usage")
-	pos, err := parseArgs(fs, args, 0)
-	if err != nil {
-		return flagError(err, usageSnapshotUsage)
-	}
-	if len(pos) > 0 {
-		return &usageError{msg: fmt.Sprintf("unexpected argument %q", pos[0]), usage: usageSnapshotUsage}
+	if err := parseNoArgs(fs, args, usageSnapshotUsage); err != nil {
+		return err
 	}
 	c, err := a.client()
 	if err != nil {
