@@ -107,12 +107,9 @@ def _create_kwargs(run_tag: Dict[str, str], kwargs: Dict[str, Any]) -> Dict[str,
     return kwargs
 
 
-@pytest.fixture
-def make_sandbox(e2b_env, run_tag, leak_check) -> Callable[..., Any]:
-    """Factory: ``make_sandbox(cls=e2b.Sandbox, **create_kwargs)``.
-
-    Every sandbox it makes is killed when the test ends, whatever happened.
-    """
+def _sandbox_factory(run_tag: Dict[str, str]):
+    """Yields ``make(cls=e2b.Sandbox, **create_kwargs)``; every sandbox it
+    made is killed when the generator closes, whatever happened."""
     from e2b import Sandbox
 
     made: List[Any] = []
@@ -127,6 +124,15 @@ def make_sandbox(e2b_env, run_tag, leak_check) -> Callable[..., Any]:
     finally:
         for sbx in made:
             _kill_quietly(sbx)
+
+
+@pytest.fixture
+def make_sandbox(e2b_env, run_tag, leak_check):
+    """Factory: ``make_sandbox(cls=e2b.Sandbox, **create_kwargs)``.
+
+    Every sandbox it makes is killed when the test ends, whatever happened.
+    """
+    yield from _sandbox_factory(run_tag)
 
 
 @pytest.fixture
@@ -158,17 +164,4 @@ def make_async_sandbox(e2b_env, run_tag, leak_check):
 @pytest.fixture(scope="module")
 def module_sandbox_factory(e2b_env, run_tag, leak_check):
     """Module-scoped factory, for sandboxes shared by read-mostly tests."""
-    from e2b import Sandbox
-
-    made: List[Any] = []
-
-    def make(cls: Any = Sandbox, *args: Any, **kwargs: Any) -> Any:
-        sbx = cls.create(*args, **_create_kwargs(run_tag, kwargs))
-        made.append(sbx)
-        return sbx
-
-    try:
-        yield make
-    finally:
-        for sbx in made:
-            _kill_quietly(sbx)
+    yield from _sandbox_factory(run_tag)
