@@ -67,9 +67,10 @@ func (m *Manager) checkDiskRoom(ctx context.Context) error {
 	return nil
 }
 
-// checkName refuses names that are malformed, taken, or would be shadowed
-// by a built-in template or a route.
-func (m *Manager) checkName(ctx context.Context, name string) error {
+// checkName refuses names that are malformed or would be shadowed by a
+// built-in template or a route. (A name in use is not refused: it moves to
+// the new snapshot, see recordSnapshot.)
+func checkName(name string) error {
 	if name == "" {
 		return nil
 	}
@@ -93,7 +94,7 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snaps
 	if l.rec.State != sandbox.StateRunning {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: resume it before taking a snapshot", id)
 	}
-	if err := m.checkName(ctx, name); err != nil {
+	if err := checkName(name); err != nil {
 		return nil, err
 	}
 	if err := m.checkDiskRoom(ctx); err != nil {
