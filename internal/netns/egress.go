@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strings"
 	"syscall"
 
 	"github.com/vishvananda/netlink"
@@ -33,11 +34,59 @@ const (
 )
 
 // Policy is a sandbox's egress policy. Always-blocked destinations stay
-// blocked whatever it says.
+// blocked whatever it says. As in E2B, an allow rule wins over a deny rule.
 type Policy struct {
 	AllowInternet bool           // public destinations not denied below
-	AllowOut      []netip.Prefix // allowed even if private (never the always-blocked ones)
-	DenyOut       []netip.Prefix // denied even if public or allowed
+	AllowOut      []netip.Prefix // allowed even if private or denied (never the always-blocked ones)
+	DenyOut       []netip.Prefix // denied even if public
+	// Domains are allowed names ("example.com", "*.example.com" for its
+	// subdomains), enforced on HTTP (Host, port 80) and TLS (SNI, port 443)
+	// by the network's proxy, which connects to what the name resolves to,
+	// never to the address the sandbox asked for.
+	Domains []string
+}
+
+// allowsAddr says whether the policy lets a connection reach a, exactly as
+// the router's nftables chains decide.
+func (p *Policy) allowsAddr(a netip.Addr, hostBlocked []netip.Prefix) bool {
+	switch {
+	case contains(alwaysBlocked, a) || contains(hostBlocked, a):
+		return false
+	case contains(p.AllowOut, a):
+		return true
+	case contains(p.DenyOut, a) || contains(privateRanges, a):
+		return false
+	}
+	return p.AllowInternet
+}
+
+// allowsName says whether a domain rule allows name (lower case, no
+// trailing dot).
+func (p *Policy) allowsName(name string) bool {
+	for _, d := range p.Domains {
+		if sub, ok := strings.CutPrefix(d, "*."); ok {
+			if strings.HasSuffix(name, "."+sub) {
+				return true
+			}
+		} else if name == d {
+			return true
+		}
+	}
+	return false
+}
+
+// resolves says whether the network's resolver answers for name: any name
+// when the internet is open, else only names a domain rule allows (so a
+// closed sandbox cannot tunnel data out through DNS).
+func (p *Policy) resolves(name string) bool { return p.AllowInternet || p.allowsName(name) }
+
+func contains(ps []netip.Prefix, a netip.Addr) bool {
+	for _, p := range ps {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // alwaysBlocked are unreachable from every sandbox: the sandbox and uplink

@@ -43,21 +43,29 @@ func dialFromSandbox(t *testing.T, n *Network, addr string) error {
 	return nil
 }
 
-func TestEgressPolicy(t *testing.T) {
+// testNetwork makes a network beside a fake internet, removed when the test
+// ends.
+func testNetwork(t *testing.T, name string, cfg *Config) *Network {
+	t.Helper()
 	requireRoot(t)
+	netnstest.FakeInternet(t)
+	if err := SetupHost(cfg.HostBlocked); err != nil {
+		t.Fatal(err)
+	}
+	n, err := Create(name, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Destroy() })
+	return n
+}
+
+func TestEgressPolicy(t *testing.T) {
 	blocked, err := HostNetworks()
 	if err != nil {
 		t.Fatal(err)
 	}
-	netnstest.FakeInternet(t)
-	if err := SetupHost(blocked); err != nil {
-		t.Fatal(err)
-	}
-	n, err := Create("cftest-egress", blocked)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Destroy()
+	n := testNetwork(t, "cftest-egress", &Config{HostBlocked: blocked})
 	pub, priv := netnstest.PublicAddr, netnstest.PrivateAddr
 	p := func(s ...string) []netip.Prefix {
 		var out []netip.Prefix
@@ -77,12 +85,13 @@ func TestEgressPolicy(t *testing.T) {
 		{"internet off", Policy{AllowInternet: false}, pub, false},
 		{"internet off, address allowed", Policy{AllowOut: p("203.0.113.10/32")}, pub, true},
 		{"internet on, range denied", Policy{AllowInternet: true, DenyOut: p("203.0.113.0/24")}, pub, false},
-		{"deny wins over allow", Policy{AllowOut: p("203.0.113.10/32"), DenyOut: p("203.0.113.10/32")}, pub, false},
+		{"allow wins over deny (as in E2B)", Policy{AllowOut: p("203.0.113.10/32"), DenyOut: p("0.0.0.0/0")}, pub, true},
+		{"deny", Policy{AllowInternet: true, DenyOut: p("203.0.113.10/32")}, pub, false},
 		{"private range refused with internet on", Policy{AllowInternet: true}, priv, false},
 		{"private range allowed explicitly", Policy{AllowOut: p("10.99.0.0/24")}, priv, true},
 		{"the host's address on the test net", Policy{AllowInternet: true, AllowOut: p("203.0.113.0/24")}, netnstest.HostSide + ":22", false},
 		{"metadata, even when allowed", Policy{AllowInternet: true, AllowOut: p("169.254.0.0/16")}, "169.254.169.254:80", false},
-		{"the router itself", Policy{AllowInternet: true}, GatewayIP + ":53", false},
+		{"the router itself, but for its resolver and proxy", Policy{AllowInternet: true}, GatewayIP + ":22", false},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

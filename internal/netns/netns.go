@@ -7,26 +7,27 @@
 // namespace, so the daemon cannot live there; it reaches the sandbox by
 // opening sockets inside the router namespace (Dial). Every sandbox sees the
 // same address, MAC and gateway, so a checkpoint restores into any other
-// Network unchanged (fork, rollback). Nothing in the router namespace listens
-// and it has no route anywhere else, so from inside a sandbox the host, the
+// Network unchanged (fork, rollback). In the router namespace only the
+// daemon's resolver (the sandbox's nameserver, 10.88.0.1:53) and its egress
+// proxy listen; the router's only route out is its uplink, filtered by the
+// sandbox's policy (egress.go), so from inside a sandbox the host, the
 // daemon and every other sandbox are unreachable.
 package netns
 
 import (
-	"sync"
-
 	"context"
 	"errors"
 	"fmt"
-	"github.com/google/nftables"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -49,12 +50,28 @@ var (
 // Dir is where named network namespaces are mounted (as iproute2 does).
 const Dir = "/run/netns"
 
-// Network is one sandbox's pair of namespaces. Safe for concurrent use.
+// Config is what all of a daemon's networks share.
+type Config struct {
+	// HostBlocked are the host's networks: no sandbox may reach them.
+	HostBlocked []netip.Prefix
+	// DNS are the upstream resolvers (host:port) the networks' resolvers
+	// and proxies ask, from the daemon's own namespace.
+	DNS []string
+}
+
+// Network is one sandbox's pair of namespaces, with the resolver and the
+// egress proxy the daemon runs in its router namespace. Safe for
+// concurrent use.
 type Network struct {
 	name   string
+	cfg    *Config
 	router netns.NsHandle
-	mu     sync.Mutex     // guards nft
+	mu     sync.Mutex     // guards nft and policy
 	nft    *nftables.Conn // lasting netlink connection into the router namespace
+	policy Policy
+
+	proxyDenied atomic.Uint64      // connections the proxy refused
+	stop        context.CancelFunc // ends the resolver, the proxy and their connections
 }
 
 // Name returns the base name (the namespaces are name-r and name-s).
@@ -64,14 +81,16 @@ func (n *Network) Name() string { return n.name }
 func (n *Network) SandboxPath() string { return filepath.Join(Dir, n.name+"-s") }
 
 // Create makes the namespaces, the link between them and the uplink with
-// its rules; hostBlocked are the host's networks, which the sandbox must
-// never reach. Egress is refused until SetPolicy. On error nothing is left
-// behind.
-func Create(name string, hostBlocked []netip.Prefix) (_ *Network, err error) {
+// its rules, and starts the network's resolver and proxy. Egress is refused
+// until SetPolicy. On error nothing is left behind.
+func Create(name string, cfg *Config) (_ *Network, err error) {
 	if strings.ContainsAny(name, "/ ") || len(name) == 0 || len(name) > 60 {
 		return nil, fmt.Errorf("invalid network name %q", name)
 	}
-	n := &Network{name: name, router: -1}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	n := &Network{name: name, cfg: cfg, router: -1}
 	defer func() {
 		if err != nil {
 			_ = n.Destroy()
@@ -90,14 +109,19 @@ func Create(name string, hostBlocked []netip.Prefix) (_ *Network, err error) {
 	if err := configure(r, s); err != nil {
 		return nil, fmt.Errorf("configuring network %s: %w", name, err)
 	}
-	if err := n.attachUplink(hostBlocked); err != nil {
+	if err := n.attachUplink(cfg.HostBlocked); err != nil {
 		return nil, fmt.Errorf("attaching uplink to network %s: %w", name, err)
+	}
+	if err := n.serve(); err != nil {
+		return nil, fmt.Errorf("starting the resolver of network %s: %w", name, err)
 	}
 	return n, nil
 }
 
-// Open returns the Network of existing namespaces (after a daemon restart).
-func Open(name string) (*Network, error) {
+// Open returns the Network of existing namespaces (after a daemon restart)
+// and starts its resolver and proxy; they follow the policy once SetPolicy
+// states it again (the router's rules survived).
+func Open(name string, cfg *Config) (*Network, error) {
 	r, err := netns.GetFromPath(filepath.Join(Dir, name+"-r"))
 	if err != nil {
 		return nil, fmt.Errorf("opening network %s: %w", name, err)
@@ -106,7 +130,15 @@ func Open(name string) (*Network, error) {
 		r.Close()
 		return nil, fmt.Errorf("opening network %s: %w", name, err)
 	}
-	return &Network{name: name, router: r}, nil
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	n := &Network{name: name, cfg: cfg, router: r}
+	if err := n.serve(); err != nil {
+		n.Close()
+		return nil, fmt.Errorf("starting the resolver of network %s: %w", name, err)
+	}
+	return n, nil
 }
 
 // newNamed creates a named namespace without moving the calling goroutine.
@@ -191,36 +223,42 @@ func up(h *netlink.Handle, link, addr string) error {
 	return nil
 }
 
-// Dial opens a TCP connection to port inside the sandbox. The socket is
-// created in the router namespace; the connection itself then works from
-// any thread.
+// Dial opens a TCP connection to port inside the sandbox.
 func (n *Network) Dial(ctx context.Context, port int) (net.Conn, error) {
-	addr := net.JoinHostPort(SandboxIP, strconv.Itoa(port))
-	runtime.LockOSThread()
-	orig, err := netns.Get()
+	c, err := n.dialFromRouter(ctx, netip.AddrPortFrom(netip.MustParseAddr(SandboxIP), uint16(port)))
 	if err != nil {
-		runtime.UnlockOSThread()
-		return nil, fmt.Errorf("getting current netns: %w", err)
+		return nil, err
 	}
-	defer orig.Close()
-	if err := netns.Set(n.router); err != nil {
-		runtime.UnlockOSThread()
-		return nil, fmt.Errorf("entering network %s: %w", n.name, err)
-	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp4", addr)
-	if serr := netns.Set(orig); serr != nil {
+	return c, nil
+}
+
+// dialFromRouter opens a TCP connection from the router namespace: into
+// the sandbox, or out through the uplink (as the sandbox's own traffic
+// goes). The socket is created there; the connection then works from any
+// thread.
+func (n *Network) dialFromRouter(ctx context.Context, to netip.AddrPort) (*net.TCPConn, error) {
+	var c net.Conn
+	err := inNS(n.router, func() error {
+		var d net.Dialer
+		var err error
+		c, err = d.DialContext(ctx, "tcp4", to.String())
+		return err
+	})
+	if err != nil {
 		if c != nil {
 			c.Close()
 		}
-		return nil, fmt.Errorf("leaving network %s: %w", n.name, serr) // thread stays locked and dies
+		return nil, err
 	}
-	runtime.UnlockOSThread()
-	return c, err
+	return c.(*net.TCPConn), nil
 }
 
-// Close releases the Network's handles without touching the namespaces.
+// Close stops the Network's resolver and proxy and releases its handles
+// without touching the namespaces.
 func (n *Network) Close() {
+	if n.stop != nil {
+		n.stop()
+	}
 	n.mu.Lock()
 	if n.nft != nil {
 		_ = n.nft.CloseLasting()

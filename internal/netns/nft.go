@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -76,6 +77,30 @@ func inPrefix(offset uint32, p netip.Prefix) []expr.Any {
 func daddrIn(p netip.Prefix) []expr.Any { return inPrefix(16, p) }
 func saddrIn(p netip.Prefix) []expr.Any { return inPrefix(12, p) }
 
+// l4 matches the transport protocol; dport, the transport destination port.
+func l4(proto byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+	}
+}
+
+func dport(port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, port)},
+	}
+}
+
+// redirect sends the packet to port on the router itself (DNAT to the
+// address it arrived on).
+func redirect(port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: 1, Data: binary.BigEndian.AppendUint16(nil, port)},
+		&expr.Redir{RegisterProtoMin: 1},
+	}
+}
+
 // countDenied bumps the table's "denied" counter.
 func countDenied() expr.Any { return &expr.Objref{Type: 1 /* NFT_OBJECT_COUNTER */, Name: deniedName} }
 
@@ -92,11 +117,7 @@ func refuse(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, count bool,
 	if count {
 		counter = one(countDenied())
 	}
-	tcp := []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-	}
-	rule(c, t, ch, m, tcp, counter, one(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}))
+	rule(c, t, ch, m, l4(unix.IPPROTO_TCP), counter, one(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}))
 	rule(c, t, ch, m, counter, one(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}))
 }
 
@@ -126,8 +147,9 @@ func (n *Network) conn() (*nftables.Conn, error) {
 // routerTable installs the router namespace's table: forwarding only from
 // the sandbox out to the uplink, first past the always-refused
 // destinations (static, installed once here), then through the "policy"
-// chain (SetPolicy rewrites only that one, which starts as deny-all);
-// nothing new to the router itself; masquerade out of the uplink.
+// chain (SetPolicy rewrites it and "proxy"; a fresh network refuses
+// everything); nothing new to the router itself but its resolver and
+// proxy ports; masquerade out of the uplink.
 func (n *Network) routerTable(hostBlocked []netip.Prefix) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -148,8 +170,15 @@ func (n *Network) routerTable(hostBlocked []netip.Prefix) error {
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	rule(c, t, in, established(), one(verdict(expr.VerdictAccept)))
+	gw := daddrIn(netip.PrefixFrom(netip.MustParseAddr(GatewayIP), 32))
+	rule(c, t, in, iif("cf0"), gw, l4(unix.IPPROTO_UDP), dport(53), one(verdict(expr.VerdictAccept)))
+	for _, port := range []uint16{53, httpProxyPort, tlsProxyPort} {
+		rule(c, t, in, iif("cf0"), gw, l4(unix.IPPROTO_TCP), dport(port), one(verdict(expr.VerdictAccept)))
+	}
 	refuse(c, t, in, true, iif("cf0"))
 	rule(c, t, in, iif("up0"), one(verdict(expr.VerdictDrop)))
+	c.AddChain(&nftables.Chain{Name: "proxy", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 	rule(c, t, post, oif("up0"), one(&expr.Masq{}))
@@ -165,7 +194,9 @@ func (n *Network) routerTable(hostBlocked []netip.Prefix) error {
 }
 
 // SetPolicy replaces the network's egress policy, atomically. The
-// always-refused destinations stay refused whatever it says.
+// always-refused destinations stay refused whatever it says. With domain
+// rules, HTTP and TLS to destinations no address rule allows go through the
+// network's proxy, which decides by Host and SNI.
 func (n *Network) SetPolicy(p Policy) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -176,28 +207,37 @@ func (n *Network) SetPolicy(p Policy) error {
 	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: tableName}
 	egress := &nftables.Chain{Name: "policy", Table: t}
 	c.FlushChain(egress)
-	deny := func(ps []netip.Prefix) {
-		for _, pr := range ps {
-			refuse(c, t, egress, true, daddrIn(pr))
-		}
-	}
-	deny(p.DenyOut)
 	for _, pr := range p.AllowOut {
 		rule(c, t, egress, daddrIn(pr), one(verdict(expr.VerdictAccept)))
 	}
-	deny(privateRanges)
+	for _, pr := range append(slices.Clone(p.DenyOut), privateRanges...) {
+		refuse(c, t, egress, true, daddrIn(pr))
+	}
 	if p.AllowInternet {
 		rule(c, t, egress, ipv4(), one(verdict(expr.VerdictAccept)))
 	}
 	refuse(c, t, egress, true)
+
+	proxy := &nftables.Chain{Name: "proxy", Table: t}
+	c.FlushChain(proxy)
+	if len(p.Domains) > 0 {
+		for _, pr := range p.AllowOut {
+			rule(c, t, proxy, daddrIn(pr), one(verdict(expr.VerdictReturn)))
+		}
+		for port, to := range map[uint16]uint16{80: httpProxyPort, 443: tlsProxyPort} {
+			rule(c, t, proxy, iif("cf0"), ipv4(), l4(unix.IPPROTO_TCP), dport(port), redirect(to))
+		}
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("setting egress policy: %w", err)
 	}
+	n.policy = p
 	return nil
 }
 
-// Denied returns how many packets of new connections the sandbox's policy
-// (or the router's input rule) has refused.
+// Denied returns how many connection attempts the sandbox's policy has
+// refused: packets of new connections the router dropped, and connections
+// its proxy turned away.
 func (n *Network) Denied() (uint64, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -212,10 +252,10 @@ func (n *Network) Denied() (uint64, error) {
 	}
 	for _, o := range objs {
 		if co, ok := o.(*nftables.CounterObj); ok && co.Name == deniedName {
-			return co.Packets, nil
+			return co.Packets + n.proxyDenied.Load(), nil
 		}
 	}
-	return 0, nil
+	return n.proxyDenied.Load(), nil
 }
 
 // SetupHost prepares the host once per daemon start: IPv4 forwarding on,

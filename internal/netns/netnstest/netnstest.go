@@ -4,23 +4,45 @@
 package netnstest
 
 import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"io"
+	"math/big"
 	"net"
+	"net/http"
 	"os/exec"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	"github.com/vishvananda/netns"
 )
 
-// Public and private addresses of the fake internet host, each serving TCP
-// on :8080 (it answers "hi" and closes).
+// Addresses of the fake internet host. On every address it serves TCP on
+// :8080 (it answers "hi" and closes), HTTP on :80 and HTTPS on :443 (a
+// self-signed certificate for any name); both answer "<Host or SNI> at
+// <the address the client reached>".
 const (
 	PublicAddr  = "203.0.113.10:8080" // TEST-NET-3
+	OtherIP     = "203.0.113.20"      // a second public host
 	PrivateAddr = "10.99.0.10:8080"
 	HostSide    = "203.0.113.1" // the host's address on the test link
 )
+
+// Names the fake resolver (ServeDNS) knows.
+var Names = map[string]string{
+	"allowed.test.":     "203.0.113.10",
+	"www.allowed.test.": "203.0.113.10",
+	"other.test.":       OtherIP,
+	"private.test.":     "10.99.0.10",
+}
 
 // FakeInternet makes the test host and routes to it from the host. It is
 // removed when the test ends.
@@ -36,19 +58,24 @@ func FakeInternet(t testing.TB) {
 	sh("netns", "add", name)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
 	sh("link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", name)
+	// Deleting the link is immediate; a namespace lingers until its last
+	// socket closes, and with it the test net's addresses and routes.
+	t.Cleanup(func() { exec.Command("ip", "link", "del", name).Run() })
 	sh("addr", "add", HostSide+"/24", "dev", name)
 	sh("addr", "add", "10.99.0.1/24", "dev", name)
 	sh("link", "set", name, "up")
 	sh("-n", name, "addr", "add", "203.0.113.10/24", "dev", "eth0")
+	sh("-n", name, "addr", "add", OtherIP+"/24", "dev", "eth0")
 	sh("-n", name, "addr", "add", "10.99.0.10/24", "dev", "eth0")
 	sh("-n", name, "link", "set", "eth0", "up")
 	sh("-n", name, "link", "set", "lo", "up")
 	sh("-n", name, "route", "add", "default", "via", HostSide)
-	ln, err := listenIn(name)
+	ln, err := listenIn(name, ":8080")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
+	serveWeb(t, name)
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -61,8 +88,82 @@ func FakeInternet(t testing.TB) {
 	}()
 }
 
-// listenIn opens the listener inside the named namespace.
-func listenIn(name string) (net.Listener, error) {
+// serveWeb starts the HTTP and HTTPS servers of the fake host.
+func serveWeb(t testing.TB, ns string) {
+	t.Helper()
+	answer := func(name string, c net.Conn) string {
+		return fmt.Sprintf("%s at %s", name, c.LocalAddr().(*net.TCPAddr).IP)
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := r.Context().Value(connKey{}).(net.Conn)
+		name := r.Host
+		if r.TLS != nil {
+			name = r.TLS.ServerName
+		}
+		io.WriteString(w, answer(name, c))
+	})
+	cert := selfSigned(t)
+	for _, port := range []string{":80", ":443"} {
+		ln, err := listenIn(ns, port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: h, ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		}}
+		if port == ":443" {
+			ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}})
+		}
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Close() })
+	}
+}
+
+type connKey struct{}
+
+func selfSigned(t testing.TB) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), DNSNames: []string{"*.test", "allowed.test"}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// ServeDNS runs a resolver on loopback that knows Names (and nothing
+// else: NXDOMAIN), for a daemon's or a Config's upstream. It returns its
+// address and a function that stops it.
+func ServeDNS() (addr string, stop func(), err error) {
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg).SetReply(q)
+		name := strings.ToLower(q.Question[0].Name)
+		ip, ok := Names[name]
+		switch {
+		case !ok:
+			m.Rcode = dns.RcodeNameError
+		case q.Question[0].Qtype == dns.TypeA:
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60},
+				A: net.ParseIP(ip)})
+		}
+		w.WriteMsg(m)
+	})
+	srv := &dns.Server{PacketConn: pc, Handler: h}
+	go srv.ActivateAndServe()
+	return pc.LocalAddr().String(), func() { pc.Close() }, nil
+}
+
+// listenIn opens a TCP listener on addr inside the named namespace.
+func listenIn(name, addr string) (net.Listener, error) {
 	h, err := netns.GetFromName(name)
 	if err != nil {
 		return nil, err
@@ -79,7 +180,7 @@ func listenIn(name string) (net.Listener, error) {
 		runtime.UnlockOSThread()
 		return nil, err
 	}
-	ln, lerr := net.Listen("tcp4", ":8080")
+	ln, lerr := net.Listen("tcp4", addr)
 	if err := netns.Set(orig); err != nil {
 		return nil, err // the thread stays locked and dies with this goroutine
 	}
