@@ -58,9 +58,15 @@ func serve(ctx context.Context, args []string) int {
 	capMB := fs.Int64("snapshot-cap-mb", 20480, "refuse new snapshots once snapshot images use this much disk (MiB; 0 = no cap)")
 	fs.IntVar(&cfg.MaxFork, "max-fork", 64, "largest fork count")
 	fs.DurationVar(&cfg.SpillAfter, "spill-after", 10*time.Second, "how long a paused sandbox stays frozen in memory before it is written to disk")
+	dns := fs.String("dns", os.Getenv("CELLFORK_DNS"), "upstream resolvers (host:port, comma-separated) that answer the sandboxes' DNS (default: the host's /etc/resolv.conf; env CELLFORK_DNS)")
 	verbose := fs.Bool("v", false, "log every request")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	for _, s := range strings.Split(*dns, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			cfg.DNS = append(cfg.DNS, s)
+		}
 	}
 	cfg.MaxUploadBytes = *uploadMB << 20
 	cfg.SnapshotCapBytes = *capMB << 20

@@ -31,8 +31,6 @@ func (b *networkBody) policy(allowInternet *bool) (sandbox.Network, error) {
 		return n, nil
 	}
 	switch {
-	case len(b.DNSServers) > 0:
-		return n, errdefs.New(errdefs.ErrInvalidArgument, "network.dnsServers is not supported")
 	case b.EgressProxy != nil:
 		return n, errdefs.New(errdefs.ErrInvalidArgument, "network.egressProxy is not supported")
 	case b.MaskRequestHost != nil || len(b.HTTPSPorts) > 0 || len(b.Rules) > 0:
@@ -41,7 +39,7 @@ func (b *networkBody) policy(allowInternet *bool) (sandbox.Network, error) {
 	if b.AllowPublicTraffic != nil {
 		n.AllowPublicTraffic = *b.AllowPublicTraffic
 	}
-	n.AllowOut, n.DenyOut = b.AllowOut, b.DenyOut
+	n.AllowOut, n.DenyOut, n.DNSServers = b.AllowOut, b.DenyOut, b.DNSServers
 	return n, nil
 }
 
@@ -50,10 +48,11 @@ type networkOut struct {
 	AllowPublicTraffic bool     `json:"allowPublicTraffic"`
 	AllowOut           []string `json:"allowOut"`
 	DenyOut            []string `json:"denyOut"`
+	DNSServers         []string `json:"dnsServers,omitempty"`
 }
 
 func networkJSON(n sandbox.Network) networkOut {
-	out := networkOut{AllowPublicTraffic: n.AllowPublicTraffic, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+	out := networkOut{AllowPublicTraffic: n.AllowPublicTraffic, AllowOut: n.AllowOut, DenyOut: n.DenyOut, DNSServers: n.DNSServers}
 	if out.AllowOut == nil {
 		out.AllowOut = []string{}
 	}

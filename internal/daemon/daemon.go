@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/cellfork/cellfork/internal/api"
 	"github.com/cellfork/cellfork/internal/manager"
+	"github.com/cellfork/cellfork/internal/netns"
 	"github.com/cellfork/cellfork/internal/runtime/gvisor"
 	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/store"
@@ -53,6 +55,9 @@ type Config struct {
 	SnapshotCapBytes int64
 	MaxFork          int
 	SpillAfter       time.Duration
+	// DNS are the upstream resolvers answering the sandboxes' resolvers;
+	// empty means the host's /etc/resolv.conf.
+	DNS []string
 }
 
 // Validate rejects configurations that cannot work.
@@ -92,6 +97,11 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s must be at least %d", f.name, f.min))
 		}
 	}
+	for _, s := range c.DNS {
+		if _, err := netip.ParseAddrPort(s); err != nil {
+			errs = append(errs, fmt.Errorf("--dns %q: want an IP address and port, like 1.1.1.1:53", s))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -122,6 +132,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		}
 		cfg.APIKeys = []string{key}
 	}
+	if len(cfg.DNS) == 0 {
+		if cfg.DNS, err = netns.UpstreamDNS("/etc/resolv.conf"); err != nil || len(cfg.DNS) == 0 {
+			log.Warn("no upstream resolver in /etc/resolv.conf; names will not resolve inside sandboxes (set --dns)", "err", err)
+		}
+	}
 	st, err := store.Open(filepath.Join(cfg.DataDir, "state.db"))
 	if err != nil {
 		return err
@@ -143,7 +158,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		DefaultTimeout: cfg.DefaultTimeout, MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
 		PoolReady: cfg.PoolReady, PoolShells: cfg.PoolShells, StartConcurrency: cfg.StartConcurrency,
 		StartQueue: cfg.StartQueue, StartWait: cfg.StartWait, SnapshotCapBytes: cfg.SnapshotCapBytes,
-		MaxFork: cfg.MaxFork, SpillAfter: cfg.SpillAfter, DiskMB: cfg.DiskMB,
+		MaxFork: cfg.MaxFork, SpillAfter: cfg.SpillAfter, DiskMB: cfg.DiskMB, DNS: cfg.DNS,
 	}, rt, st, tpl, log)
 	if err := m.Reconcile(ctx); err != nil {
 		log.Warn("reconcile incomplete", "err", err)

@@ -110,7 +110,7 @@ func (m *Manager) bootKey() string {
 func (m *Manager) newBox(ctx context.Context, rootfs string, limits sandbox.Limits) (*box, error) {
 	defer timing.Since(ctx, "netns", time.Now())
 	rid := randomHex(12)
-	n, err := netns.Create(m.netName(rid), m.hostNets)
+	n, err := netns.Create(m.netName(rid), &m.netCfg)
 	if err != nil {
 		return nil, err
 	}

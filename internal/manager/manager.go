@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
-	"net/netip"
 	"os"
 	"slices"
 	"sync"
@@ -55,6 +54,9 @@ type Config struct {
 	// much disk (0 = no cap). MaxFork bounds fork's count.
 	SnapshotCapBytes int64
 	MaxFork          int
+	// DNS are the upstream resolvers (host:port) that answer for the
+	// sandboxes' resolvers.
+	DNS []string
 	// SpillAfter is how long a paused sandbox stays frozen in memory before
 	// its state is written to disk and its memory freed.
 	SpillAfter time.Duration
@@ -68,10 +70,10 @@ type Manager struct {
 	tpl *template.Registry
 	log *slog.Logger
 
-	adm      *admission
-	pool     *pool
-	images   imageRefs
-	hostNets []netip.Prefix // the host's networks: no sandbox may reach them
+	adm    *admission
+	pool   *pool
+	images imageRefs
+	netCfg netns.Config // what every sandbox network shares (set by Reconcile)
 
 	// netPrefix starts the names of this daemon's network namespaces
 	// ("cf<hash of the data dir>-<runtime id>-r/-s"), so that daemons on
@@ -106,17 +108,8 @@ func New(cfg Config, rt sandbox.Runtime, st sandbox.Store, tpl *template.Registr
 	return m
 }
 
-// Start sets up the host's side of sandbox egress, warms the built-in
-// template and starts the pool's refill loop.
+// Start warms the built-in template and starts the pool's refill loop.
 func (m *Manager) Start(ctx context.Context) error {
-	nets, err := netns.HostNetworks()
-	if err != nil {
-		return err
-	}
-	if err := netns.SetupHost(nets); err != nil {
-		return err
-	}
-	m.hostNets = nets
 	go m.pool.run()
 	if err := m.Warm(ctx, "base"); err != nil {
 		// Creates still work: they boot instead of restoring.

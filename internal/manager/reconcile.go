@@ -14,12 +14,21 @@ import (
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
-// Reconcile makes the daemon's view match reality after a start: it adopts
+// Reconcile makes the daemon's view match reality after a start. It sets
+// up the host's side of sandbox egress, then adopts
 // sandboxes that are recorded and still there (running, frozen, or paused
 // on disk), and removes whatever it cannot account for: records without a
 // sandbox, runsc containers, network namespaces, bundles, half-written
 // images and images without a record.
 func (m *Manager) Reconcile(ctx context.Context) error {
+	nets, err := netns.HostNetworks()
+	if err != nil {
+		return err
+	}
+	if err := netns.SetupHost(nets); err != nil {
+		return err
+	}
+	m.netCfg = netns.Config{HostBlocked: nets, DNS: m.cfg.DNS}
 	recs, err := m.st.List(ctx)
 	if err != nil {
 		return err
@@ -128,12 +137,18 @@ func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox) bool {
 		rec.State = want
 		_ = m.st.Put(ctx, rec)
 	}
-	n, err := netns.Open(m.netName(rec.RuntimeID))
+	n, err := netns.Open(m.netName(rec.RuntimeID), &m.netCfg)
 	if err != nil {
 		return false
 	}
 	limits := m.limits(rec)
 	b := newBoxValue(rec.RuntimeID, rec.Rootfs, limits, n)
+	// The router kept its rules; stating the policy again tells the
+	// network's resolver and proxy.
+	if err := m.applyPolicy(b, rec.Network); err != nil {
+		n.Close()
+		return false
+	}
 	if rec.State == sandbox.StateRunning {
 		// The agent must still answer, or the sandbox is of no use.
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)

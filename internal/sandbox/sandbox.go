@@ -55,8 +55,9 @@ type Sandbox struct {
 // whatever it says.
 type Network struct {
 	AllowInternet      bool     // public destinations not in DenyOut
-	AllowOut           []string // IPv4 addresses and CIDRs allowed even if private
+	AllowOut           []string // IPv4 addresses, CIDRs (allowed even if private or denied) and domain names
 	DenyOut            []string // IPv4 addresses and CIDRs denied
+	DNSServers         []string // with domain rules: IPv4 addresses also allowed, as E2B does for resolvers
 	AllowPublicTraffic bool     // user ports reachable without the traffic token
 }
 

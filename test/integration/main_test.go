@@ -24,6 +24,8 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/legacy"
 	"golang.org/x/sys/unix"
+
+	"github.com/cellfork/cellfork/internal/netns/netnstest"
 )
 
 const apiKey = "itest-key"
@@ -59,8 +61,16 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// The daemon resolves the sandboxes' names through a test resolver
+	// that knows the fake internet's names (netnstest.Names).
+	dnsAddr, stopDNS, err := netnstest.ServeDNS()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	defer stopDNS()
+	testFlags = append(testFlags, "--dns", dnsAddr)
 	dataDir, _ := os.MkdirTemp("", "cellfork-itest-")
-	var err error
 	d, err = startDaemon(dataDir, freeAddr())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

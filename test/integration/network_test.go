@@ -107,8 +107,9 @@ func TestNetworkPolicy(t *testing.T) {
 	}
 
 	for _, bad := range []map[string]any{
-		{"allowOut": []string{"*.example.com"}}, {"denyOut": []string{"not an address"}},
-		{"allowOut": []string{"::1"}}, {"dnsServers": []string{"1.1.1.1"}},
+		{"allowOut": []string{"*.*"}}, {"denyOut": []string{"not an address"}},
+		{"denyOut": []string{"example.com"}}, {"allowOut": []string{"::1"}}, {"dnsServers": []string{"dns.google"}},
+		{"egressProxy": map[string]any{"address": "proxy.example:1080"}},
 	} {
 		r := call(t, "PUT", "/sandboxes/"+open.SandboxID+"/network", bad)
 		record("egress policy", fmt.Sprintf("policy %v", bad), "400", fmt.Sprintf("%d %s", r.status, r.errMessage()), r.status == 400)
@@ -116,8 +117,106 @@ func TestNetworkPolicy(t *testing.T) {
 			t.Errorf("bad policy %v: %d %s", bad, r.status, r.body)
 		}
 	}
-	if r := call(t, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{"*.x"}}}); r.status != 400 {
-		t.Errorf("create with a domain rule: %d", r.status)
+	if r := call(t, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{"bad name"}}}); r.status != 400 {
+		t.Errorf("create with a malformed rule: %d", r.status)
+	}
+}
+
+// fetch runs one HTTP(S) request from inside the sandbox: to ip (or, if
+// ip is "", to host by name), port 80 or 443, naming host in the Host
+// header and the TLS server name. It returns the body, or the error's
+// class name.
+func fetch(t *testing.T, sb sandboxInfo, ip, host string, overTLS bool) string {
+	t.Helper()
+	code := fmt.Sprintf(`
+import http.client, ssl, socket
+ip, host, tls = %q, %q, %s
+class Conn(http.client.HTTPSConnection if tls else http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.create_connection((ip or host, self.port), 5)
+        if tls:
+            ctx = ssl._create_unverified_context()
+            self.sock = ctx.wrap_socket(self.sock, server_hostname=host)
+try:
+    c = Conn(host, timeout=5) if not tls else Conn(host, timeout=5, context=ssl._create_unverified_context())
+    c.request("GET", "/", headers={"Host": host})
+    print(c.getresponse().read().decode())
+except Exception as e:
+    print(type(e).__name__)
+`, ip, host, map[bool]string{false: "False", true: "True"}[overTLS])
+	return strings.TrimSpace(stdoutOf(runCode(t, sb, code)))
+}
+
+func TestDomainRules(t *testing.T) {
+	netnstest.FakeInternet(t)
+	const allowedIP = "203.0.113.10"
+	open := create(t, nil)
+	got := strings.TrimSpace(stdoutOf(runCode(t, open, `import socket; print(socket.gethostbyname("other.test"))`)))
+	record("egress policy", "resolve a name with the internet on", netnstest.OtherIP, got, got == netnstest.OtherIP)
+	if got != netnstest.OtherIP {
+		t.Errorf("internet on: other.test resolves to %q", got)
+	}
+
+	sb := create(t, map[string]any{"network": map[string]any{"allowOut": []string{"allowed.test"}, "denyOut": []string{"0.0.0.0/0"}}})
+	for _, overTLS := range []bool{false, true} {
+		proto := map[bool]string{false: "HTTP", true: "HTTPS"}[overTLS]
+		if got := fetch(t, sb, "", "allowed.test", overTLS); got != "allowed.test at "+allowedIP {
+			t.Errorf("%s to an allowed name: %q", proto, got)
+		}
+		got := fetch(t, sb, netnstest.OtherIP, "other.test", overTLS)
+		record("egress policy", proto+" to a name no domain rule allows (dialled by address)", "refused", got, !strings.Contains(got, " at "))
+		if strings.Contains(got, " at ") {
+			t.Errorf("%s to other.test got through: %q", proto, got)
+		}
+		got = fetch(t, sb, netnstest.OtherIP, "allowed.test", overTLS)
+		record("egress policy", proto+" naming an allowed domain while dialling another address",
+			"reaches the allowed domain's own address", got, got == "allowed.test at "+allowedIP)
+		if got != "allowed.test at "+allowedIP {
+			t.Errorf("%s naming allowed.test at another address: %q", proto, got)
+		}
+		got = fetch(t, sb, allowedIP, allowedIP, overTLS)
+		record("egress policy", proto+" to an allowed domain's address with no name", "refused", got, !strings.Contains(got, " at "))
+		if strings.Contains(got, " at ") {
+			t.Errorf("%s to a bare address got through: %q", proto, got)
+		}
+	}
+	got = strings.TrimSpace(stdoutOf(runCode(t, sb, `
+import socket
+try: print(socket.gethostbyname("other.test"))
+except OSError as e: print(type(e).__name__)`)))
+	record("egress policy", "resolve a name no domain rule allows", "refused", got, got == "gaierror")
+	if got != "gaierror" {
+		t.Errorf("other.test resolved in a closed sandbox: %q", got)
+	}
+	if got := reach(t, sb, netnstest.PublicAddr); got == "hi" {
+		t.Error("a domain rule opened a port other than 80 and 443")
+	}
+	if n := denied(t, sb.SandboxID); n < 4 {
+		t.Errorf("denied connections = %v after at least four refusals", n)
+	}
+
+	// Fork children inherit domain rules; PUT replaces them.
+	var kids []struct {
+		Sandbox *sandboxInfo `json:"sandbox"`
+	}
+	call(t, "POST", "/sandboxes/"+sb.SandboxID+"/fork", map[string]any{"count": 1}).json(t, &kids)
+	if len(kids) != 1 || kids[0].Sandbox == nil {
+		t.Fatal("fork failed")
+	}
+	kid := *kids[0].Sandbox
+	t.Cleanup(func() { killQuietly(kid.SandboxID) })
+	if got := fetch(t, kid, netnstest.OtherIP, "other.test", true); strings.Contains(got, " at ") {
+		t.Errorf("fork child escaped its parent's domain rules: %q", got)
+	}
+	if got := fetch(t, kid, "", "allowed.test", true); got != "allowed.test at "+allowedIP {
+		t.Errorf("fork child lost its parent's domain rules: %q", got)
+	}
+	r := call(t, "PUT", "/sandboxes/"+sb.SandboxID+"/network", map[string]any{"allowOut": []string{"*.test"}, "allow_internet_access": false})
+	if r.status != http.StatusNoContent {
+		t.Fatalf("update network: %d %s", r.status, r.body)
+	}
+	if got := fetch(t, sb, "", "other.test", true); got != "other.test at "+netnstest.OtherIP {
+		t.Errorf("after allowing *.test: %q", got)
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cellfork/cellfork/internal/netns/netnstest"
 )
 
 // TestDaemonRestart: a crashed daemon's successor adopts the sandboxes that
@@ -47,6 +49,10 @@ func TestDaemonRestart(t *testing.T) {
 	}
 	if r := call(t, "GET", "/sandboxes/"+sb.SandboxID, nil); r.status != 200 {
 		t.Errorf("adopted sandbox: %d %s", r.status, r.body)
+	}
+	// The new daemon serves the adopted sandbox's resolver again.
+	if out, _, _ := run(t, sb, "", `python3 -c 'import socket; print(socket.gethostbyname("other.test"))'`); out != netnstest.OtherIP+"\n" {
+		t.Errorf("adopted sandbox cannot resolve names: %q", out)
 	}
 	for _, p := range []string{"/run/netns/" + stray + "-r", "/run/netns/" + stray + "-s", strayDir} {
 		if _, err := os.Stat(p); err == nil {

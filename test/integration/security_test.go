@@ -50,7 +50,9 @@ the suite ran on %s, with the outcome it required and the one it got.
 
 Boundaries: each sandbox is a gVisor sandbox (user-space kernel, systrap)
 with its own network namespace pair; its only ways out are the daemon's
-proxy (inbound) and a per-sandbox nftables policy (outbound). The daemon
+proxy (inbound) and, outbound, a per-sandbox nftables policy plus the
+resolver and domain-rule proxy the daemon runs in the sandbox's router
+namespace (they apply the same policy). The daemon
 authenticates the control plane with API keys and the data plane with a
 per-sandbox access token. Known limits are listed at the end.
 
@@ -70,9 +72,10 @@ const knownLimits = `
   killer (gVisor has no in-sandbox OOM killer); the daemon reports
   "it exceeded its memory limit". /tmp and /dev/shm are gVisor tmpfs
   mounts that ignore a size, so filling them ends the sandbox the same way.
-- Domain-based egress rules (HTTP Host, TLS SNI) are not implemented yet:
-  such rules are refused with 400. There is no DNS resolver for sandboxes
-  yet (lookups fail at once).
+- Domain rules hold for HTTP on port 80 (Host) and TLS on port 443 (SNI),
+  as in E2B; other ports, and QUIC (UDP), follow the address rules only.
+  The proxy connects to what an allowed name resolves to, but that server
+  may serve other names too (domain fronting on a shared CDN).
 `
 
 // writeSecurityReport writes the report if CELLFORK_SECURITY_REPORT names
