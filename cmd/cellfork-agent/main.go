@@ -19,6 +19,9 @@ func main() {
 	codeAddr := flag.String("code-addr", ":49999", "code interpreter listen address")
 	kernel := flag.String("kernel", "/opt/cellfork/kernel.py", "python kernel helper")
 	flag.Parse()
+	if err := agent.DropResourceCapFromChildren(); err != nil {
+		log.Fatal(err) // what it runs would get the capability
+	}
 
 	s := agent.NewSettings()
 	ci := codeinterp.New(s, *kernel)

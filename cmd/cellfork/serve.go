@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/daemon"
+	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/template"
 )
 
@@ -41,13 +42,25 @@ func serve(ctx context.Context, args []string) int {
 	fs.StringVar(&cfg.AgentDir, "agent-dir", defaultAgentDir(), "directory with cellfork-agent and kernel.py")
 	fs.StringVar(&cfg.Domain, "domain", os.Getenv("CELLFORK_DOMAIN"), "sandbox domain reported to SDKs for {port}-{id}.{domain} hosts (env CELLFORK_DOMAIN)")
 	uploadMB := fs.Int64("max-upload-mb", 1024, "largest file upload accepted, in MiB")
-	fs.IntVar(&cfg.DefaultLimits.CPUCount, "default-cpus", 1, "CPUs per sandbox unless the create asks otherwise")
-	fs.IntVar(&cfg.DefaultLimits.MemoryMB, "default-memory-mb", 1024, "memory per sandbox (MiB) unless the create asks otherwise")
-	fs.IntVar(&cfg.DefaultLimits.PidsMax, "pids-max", 512, "processes per user inside a sandbox (a fork bomb stops there)")
-	fs.IntVar(&cfg.DefaultLimits.OpenFiles, "open-files", 65536, "open files per process inside a sandbox")
-	fs.IntVar(&cfg.DiskMB, "disk-mb", 512, "writable root filesystem per sandbox, in MiB (kept in sandbox memory: keep it below the memory limit); past it writes fail with ENOSPC")
+	fs.IntVar(&cfg.DefaultLimits.CPUCount, "default-cpus", 1, "CPUs per sandbox unless its template or create says otherwise")
+	fs.IntVar(&cfg.DefaultLimits.MemoryMB, "default-memory-mb", 1024, "memory per sandbox (MiB) unless its template or create says otherwise")
+	fs.IntVar(&cfg.DefaultLimits.PidsMax, "pids-max", 512, "processes per user inside a sandbox (a fork bomb stops there) unless its template or create says otherwise")
+	fs.IntVar(&cfg.DefaultLimits.OpenFiles, "open-files", 65536, "open files per process inside a sandbox unless its template or create says otherwise")
+	fs.IntVar(&cfg.DefaultLimits.DiskMB, "disk-mb", 512, "writable root filesystem per sandbox, in MiB, unless its template or create says otherwise; kept in sandbox memory; past it writes fail with ENOSPC")
 	fs.IntVar(&cfg.MaxLimits.CPUCount, "max-cpus", runtime.NumCPU(), "most CPUs a create may ask for")
 	fs.IntVar(&cfg.MaxLimits.MemoryMB, "max-memory-mb", 8192, "most memory (MiB) a create may ask for")
+	fs.IntVar(&cfg.MaxLimits.DiskMB, "max-disk-mb", 4096, "largest disk (MiB) a create may ask for")
+	fs.IntVar(&cfg.MaxLimits.PidsMax, "max-pids", 4096, "most processes per user a create may ask for")
+	fs.IntVar(&cfg.MaxLimits.OpenFiles, "max-open-files", 1<<20, "most open files per process a create may ask for")
+	cfg.TemplateLimits = map[string]sandbox.Limits{}
+	fs.Func("template-limits", "a template's defaults, as TEMPLATE:name=value,... with the create body's names (repeatable)", func(v string) error {
+		name, l, err := template.ParseLimitsFlag(v)
+		if err != nil {
+			return err
+		}
+		cfg.TemplateLimits[name] = cfg.TemplateLimits[name].Over(l)
+		return nil
+	})
 	fs.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "sandbox lifetime unless the create asks otherwise")
 	fs.DurationVar(&cfg.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox lifetime a caller may set")
 	fs.IntVar(&cfg.PoolReady, "pool-ready", 2, "sandboxes per template kept restored and ready to hand out (0 = none)")

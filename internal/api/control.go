@@ -84,9 +84,32 @@ type newSandboxBody struct {
 	Secure              *bool             `json:"secure"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	AutoPause           *bool             `json:"autoPause"`
-	CPUCount            int               `json:"cpuCount"`
-	MemoryMB            int               `json:"memoryMB"`
 	Network             *networkBody      `json:"network"`
+	// Ours: limits; absent = the template's (or snapshot's).
+	CPUCount   *int `json:"cpuCount"`
+	MemoryMB   *int `json:"memoryMB"`
+	DiskSizeMB *int `json:"diskSizeMB"`
+	PidsMax    *int `json:"pidsMax"`
+	OpenFiles  *int `json:"openFiles"`
+}
+
+// limits returns the limits the body asks for (zero: not asked). A limit
+// given as zero or less is an error, not a request for the default.
+func (b *newSandboxBody) limits() (sandbox.Limits, error) {
+	var l sandbox.Limits
+	for _, f := range []struct {
+		name string
+		v    *int
+	}{{"cpuCount", b.CPUCount}, {"memoryMB", b.MemoryMB}, {"diskSizeMB", b.DiskSizeMB}, {"pidsMax", b.PidsMax}, {"openFiles", b.OpenFiles}} {
+		if f.v == nil {
+			continue
+		}
+		if *f.v <= 0 {
+			return l, errdefs.New(errdefs.ErrInvalidArgument, "%s must be a positive integer, not %d (leave it out for the default)", f.name, *f.v)
+		}
+		*l.Field(f.name) = *f.v
+	}
+	return l, nil
 }
 
 // autoPauseRequested reads E2B's lifecycle: autoPause true = pause on
@@ -140,8 +163,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "templateID is required"))
 		return
 	}
+	limits, err := b.limits()
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	req := manager.CreateRequest{TemplateID: *b.TemplateID, Metadata: b.Metadata, Envs: b.EnvVars,
-		CPUCount: b.CPUCount, MemoryMB: b.MemoryMB, OnTimeout: b.onTimeout()}
+		Limits: limits, OnTimeout: b.onTimeout()}
 	if b.Network != nil || b.AllowInternetAccess != nil {
 		n, err := b.Network.policy(b.AllowInternetAccess)
 		if err != nil {
@@ -192,6 +220,9 @@ type listedBody struct {
 	State       string            `json:"state"`
 	EnvdVersion string            `json:"envdVersion"`
 	Metadata    map[string]string `json:"metadata"`
+	// Ours (absent for sandboxes of an older daemon).
+	PidsMax   int `json:"pidsMax,omitempty"`
+	OpenFiles int `json:"openFiles,omitempty"`
 }
 
 func listedJSON(sb *sandbox.Sandbox) listedBody {
@@ -200,6 +231,7 @@ func listedJSON(sb *sandbox.Sandbox) listedBody {
 		StartedAt: sb.StartedAt.Format(time.RFC3339Nano), EndAt: sb.EndAt.Format(time.RFC3339Nano),
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB,
 		State: string(sb.State), EnvdVersion: EnvdVersion, Metadata: sb.Metadata,
+		PidsMax: sb.PidsMax, OpenFiles: sb.OpenFiles,
 	}
 }
 

@@ -269,7 +269,8 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 5, 0, 123456789, time.UTC)
 	for _, sn := range []*sandbox.Snapshot{
 		{ID: "snapaaaaaaaaaaaaaaaa", Names: []string{"first"}, SandboxID: "i5q0w8r3m2a7k1x9c4b6", TemplateID: "base",
-			Image: filepath.Join(dir, "snapshots", "snapaaaaaaaaaaaaaaaa"), SizeBytes: 2 << 20, CreatedAt: t0, CPUCount: 1, MemoryMB: 1024},
+			Image: filepath.Join(dir, "snapshots", "snapaaaaaaaaaaaaaaaa"), SizeBytes: 2 << 20, CreatedAt: t0, CPUCount: 1, MemoryMB: 1024,
+			DiskMB: 512, PidsMax: 512, OpenFiles: 65536},
 		{ID: "snapbbbbbbbbbbbbbbbb", Names: []string{"team/child"}, ParentID: "snapaaaaaaaaaaaaaaaa", SandboxID: "p2n7c4x9w1q5m8k3z6b0",
 			TemplateID: "base", Image: filepath.Join(dir, "snapshots", "snapbbbbbbbbbbbbbbbb"), SizeBytes: 1 << 20,
 			CreatedAt: t0.Add(time.Minute), CPUCount: 1, MemoryMB: 1024},
@@ -280,8 +281,8 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 	}
 	m := manager.New(manager.Config{
 		DataDir:        dir,
-		DefaultLimits:  sandbox.Limits{CPUCount: 1, MemoryMB: 1024},
-		MaxLimits:      sandbox.Limits{CPUCount: 2, MemoryMB: 2048},
+		DefaultLimits:  sandbox.Limits{CPUCount: 1, MemoryMB: 1024, DiskMB: 512, PidsMax: 512, OpenFiles: 65536},
+		MaxLimits:      sandbox.Limits{CPUCount: 2, MemoryMB: 2048, DiskMB: 1024, PidsMax: 1024, OpenFiles: 1 << 20},
 		DefaultTimeout: 5 * time.Minute, MaxTimeout: time.Hour, MaxUploadBytes: 1 << 20,
 		StartConcurrency: 1, StartQueue: 1, StartWait: time.Second,
 		SnapshotCapBytes: 1 << 20, MaxFork: 4, SpillAfter: time.Second,
@@ -317,6 +318,12 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		{name: "create big cpu", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","cpuCount":64}`, headers: key, want: 400},
 		{name: "create from snapshot name, big cpu", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"first","cpuCount":64}`, headers: key, want: 400},
 		{name: "create from snapshot id, small memory", method: "POST", path: "/sandboxes", body: `{"templateID":"snapaaaaaaaaaaaaaaaa","memoryMB":64}`, headers: key, want: 400},
+		{name: "create zero cpu", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","cpuCount":0}`, headers: key, want: 400},
+		{name: "create big disk", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","diskSizeMB":1025}`, headers: key, want: 400},
+		{name: "create negative pids", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","pidsMax":-1}`, headers: key, want: 400},
+		{name: "create few open files", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","openFiles":10}`, headers: key, want: 400},
+		{name: "create from snapshot, more processes", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"first","pidsMax":1000}`, headers: key, want: 400},
+		{name: "create from snapshot, other disk", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"first","diskSizeMB":256}`, headers: key, want: 400},
 		{name: "create unknown template", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"nope","extra":{"a":1}}`, headers: key, want: 404},
 		{name: "get unknown", method: "GET", path: "/sandboxes/abc", specPath: "/sandboxes/{id}", headers: key, want: 404},
 		{name: "kill unknown", method: "DELETE", path: "/sandboxes/abc", specPath: "/sandboxes/{id}", headers: key, want: 404},

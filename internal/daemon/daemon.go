@@ -40,9 +40,13 @@ type Config struct {
 	Domain         string
 	APIKeys        []string // empty: use (or create) <data>/api-key
 	MaxUploadBytes int64
-	DiskMB         int // writable root filesystem per sandbox
-	DefaultLimits  sandbox.Limits
-	MaxLimits      sandbox.Limits
+	// DefaultLimits are what a sandbox gets when neither its template nor
+	// its create says; a create may ask for up to MaxLimits.
+	DefaultLimits sandbox.Limits
+	MaxLimits     sandbox.Limits
+	// TemplateLimits are the operator's per-template values (zero fields
+	// unset), over the template's own (templates/<name>/limits).
+	TemplateLimits map[string]sandbox.Limits
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
 	// Fork-first core: pool sizes, start admission, snapshot disk cap, the
@@ -72,12 +76,7 @@ func (c *Config) Validate() error {
 	if c.MaxUploadBytes <= 0 {
 		errs = append(errs, errors.New("--max-upload-mb must be positive"))
 	}
-	if c.DefaultLimits.CPUCount > c.MaxLimits.CPUCount || c.DefaultLimits.MemoryMB > c.MaxLimits.MemoryMB {
-		errs = append(errs, errors.New("default CPU/memory limits exceed the maximum"))
-	}
-	if c.DefaultLimits.CPUCount < 1 || c.DefaultLimits.MemoryMB < 128 {
-		errs = append(errs, errors.New("default limits need at least 1 CPU and 128 MB"))
-	}
+	errs = append(errs, c.validateLimits()...)
 	if c.DefaultTimeout <= 0 || c.DefaultTimeout > c.MaxTimeout {
 		errs = append(errs, errors.New("--default-timeout must be positive and at most --max-timeout"))
 	}
@@ -90,8 +89,6 @@ func (c *Config) Validate() error {
 		{"--start-concurrency", int64(c.StartConcurrency), 1}, {"--start-queue", int64(c.StartQueue), 1},
 		{"--max-fork", int64(c.MaxFork), 1}, {"--snapshot-cap-mb", c.SnapshotCapBytes, 0},
 		{"--start-wait", int64(c.StartWait), 1}, {"--spill-after", int64(c.SpillAfter), 0},
-		{"--pids-max", int64(c.DefaultLimits.PidsMax), 16}, {"--open-files", int64(c.DefaultLimits.OpenFiles), 64},
-		{"--disk-mb", int64(c.DiskMB), 16},
 	} {
 		if f.v < f.min {
 			errs = append(errs, fmt.Errorf("%s must be at least %d", f.name, f.min))
@@ -142,7 +139,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		return err
 	}
 	defer st.Close()
-	rt, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, Root: filepath.Join(cfg.DataDir, "runsc"), DiskMB: cfg.DiskMB})
+	tlimits, err := cfg.templateLimits()
+	if err != nil {
+		return err
+	}
+	rt, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, Root: filepath.Join(cfg.DataDir, "runsc")})
 	if err != nil {
 		return err
 	}
@@ -154,11 +155,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		return err
 	}
 	m := manager.New(manager.Config{
-		DataDir: cfg.DataDir, DefaultLimits: cfg.DefaultLimits, MaxLimits: cfg.MaxLimits,
+		DataDir: cfg.DataDir, DefaultLimits: cfg.DefaultLimits, MaxLimits: cfg.MaxLimits, TemplateLimits: tlimits,
 		DefaultTimeout: cfg.DefaultTimeout, MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
 		PoolReady: cfg.PoolReady, PoolShells: cfg.PoolShells, StartConcurrency: cfg.StartConcurrency,
 		StartQueue: cfg.StartQueue, StartWait: cfg.StartWait, SnapshotCapBytes: cfg.SnapshotCapBytes,
-		MaxFork: cfg.MaxFork, SpillAfter: cfg.SpillAfter, DiskMB: cfg.DiskMB, DNS: cfg.DNS,
+		MaxFork: cfg.MaxFork, SpillAfter: cfg.SpillAfter, DNS: cfg.DNS,
 	}, rt, st, tpl, log)
 	if err := m.Reconcile(ctx); err != nil {
 		log.Warn("reconcile incomplete", "err", err)

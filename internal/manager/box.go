@@ -33,6 +33,9 @@ type box struct {
 	// policy is the network policy installed on the box (nil: none yet,
 	// egress refused). Guarded by the owner: the pool, or the sandbox's mu.
 	policy *sandbox.Network
+	// rlimits are the process limits (PidsMax, OpenFiles) the agent has
+	// applied; zero: none yet, the image's own. Guarded like policy.
+	rlimits sandbox.Limits
 }
 
 func newBoxValue(rid, rootfs string, limits sandbox.Limits, n *netns.Network) *box {
@@ -71,13 +74,14 @@ func newTransport(n *netns.Network) *http.Transport {
 // same arguments, so any checkpoint restores into any box of its rootfs.
 func (m *Manager) spec(b *box, extraEnv ...string) sandbox.Spec {
 	return sandbox.Spec{
-		RuntimeID: b.rid,
-		BundleDir: m.bundleDir(b.rid),
-		Rootfs:    b.rootfs,
-		Args:      []string{template.AgentDir + "/cellfork-agent"},
-		Env:       append(agentEnv(), extraEnv...),
-		NetnsPath: b.net.SandboxPath(),
-		Limits:    b.limits,
+		RuntimeID:   b.rid,
+		BundleDir:   m.bundleDir(b.rid),
+		Rootfs:      b.rootfs,
+		Args:        []string{template.AgentDir + "/cellfork-agent"},
+		Env:         append(agentEnv(), extraEnv...),
+		NetnsPath:   b.net.SandboxPath(),
+		Limits:      b.limits,
+		InitRlimits: m.initRlimits(),
 	}
 }
 
@@ -92,18 +96,13 @@ func agentEnv() []string {
 	}
 }
 
-// limits are the runtime limits of a sandbox: its CPUs and memory, and the
-// daemon's process and open-file limits.
-func (m *Manager) limits(rec *sandbox.Sandbox) sandbox.Limits {
-	l := m.cfg.DefaultLimits
-	l.CPUCount, l.MemoryMB = rec.CPUCount, rec.MemoryMB
-	return l
-}
-
-// bootKey identifies the boot configuration a warm image freezes (the
-// agent's environment and the default limits, rlimits included).
-func (m *Manager) bootKey() string {
-	return fmt.Sprintf("%q %+v disk=%d", agentEnv(), m.cfg.DefaultLimits, m.cfg.DiskMB)
+// bootKey identifies the boot configuration a template's warm image
+// freezes: the agent's environment, the process limits it boots with, the
+// disk size, and the layout (the agent's CAP_SYS_RESOURCE). CPUs and
+// memory are not frozen.
+func (m *Manager) bootKey(name string) string {
+	rl := m.initRlimits()
+	return fmt.Sprintf("%q rlimits=%d/%d disk=%d layout=2", agentEnv(), rl.PidsMax, rl.OpenFiles, m.templateLimits(name).DiskMB)
 }
 
 // newBox allocates a runtime id and a network for a box.
@@ -148,10 +147,16 @@ func (m *Manager) prepareBox(ctx context.Context, rootfs string, limits sandbox.
 }
 
 // restoreBox starts a box from a checkpoint image: into a prepared shell
-// from the pool when one fits, else into a new one.
+// from the pool when one fits, else into a new one. The image decides the
+// disk size and the process limits (limits must agree: see limits.go).
 func (m *Manager) restoreBox(ctx context.Context, image, rootfs string, limits sandbox.Limits) (*box, error) {
 	b, prepared := m.pool.takeShell(rootfs, limits), true
-	if b == nil {
+	if b != nil {
+		if err := m.fitPids(ctx, b, limits); err != nil {
+			m.destroyBox(context.WithoutCancel(ctx), b)
+			return nil, err
+		}
+	} else {
 		var err error
 		if b, err = m.newBox(ctx, rootfs, limits); err != nil {
 			return nil, err

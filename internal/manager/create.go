@@ -2,7 +2,6 @@ package manager
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -26,9 +25,10 @@ type CreateRequest struct {
 	Timeout    time.Duration
 	Metadata   map[string]string
 	Envs       map[string]string
-	CPUCount   int
-	MemoryMB   int
-	OnTimeout  string // "kill" (default) or "pause"
+	// Limits the caller asks for; zero fields take the source's (the
+	// template's defaults, or the snapshot's).
+	Limits    sandbox.Limits
+	OnTimeout string // "kill" (default) or "pause"
 	// Network is the policy; nil means the snapshot's, or the default.
 	Network *sandbox.Network
 }
@@ -59,7 +59,8 @@ func validateMap(what string, m map[string]string, envStyle bool) error {
 	return nil
 }
 
-// normalize fills defaults and rejects what is out of bounds.
+// normalize fills defaults and rejects what is out of bounds (limits aside:
+// see createLimits).
 func (m *Manager) normalize(req *CreateRequest) error {
 	if req.Timeout == 0 {
 		req.Timeout = m.cfg.DefaultTimeout
@@ -72,18 +73,6 @@ func (m *Manager) normalize(req *CreateRequest) error {
 	}
 	if err := validateMap("envVars", req.Envs, true); err != nil {
 		return err
-	}
-	if req.CPUCount == 0 {
-		req.CPUCount = m.cfg.DefaultLimits.CPUCount
-	}
-	if req.MemoryMB == 0 {
-		req.MemoryMB = m.cfg.DefaultLimits.MemoryMB
-	}
-	if req.CPUCount < 1 || req.CPUCount > m.cfg.MaxLimits.CPUCount {
-		return errdefs.New(errdefs.ErrInvalidArgument, "cpuCount must be between 1 and %d", m.cfg.MaxLimits.CPUCount)
-	}
-	if req.MemoryMB < 128 || req.MemoryMB > m.cfg.MaxLimits.MemoryMB {
-		return errdefs.New(errdefs.ErrInvalidArgument, "memoryMB must be between 128 and %d", m.cfg.MaxLimits.MemoryMB)
 	}
 	if req.OnTimeout == "" {
 		req.OnTimeout = "kill"
@@ -103,6 +92,9 @@ type source struct {
 	snapshot *sandbox.Snapshot
 	rootfs   string
 	image    string // checkpoint to restore; "" = boot
+	// limits are the source's: the template's defaults (its warm image's
+	// disk size among them), or the snapshot's.
+	limits sandbox.Limits
 }
 
 // resolve maps a template id to a source: built-in names and aliases
@@ -113,7 +105,7 @@ func (m *Manager) resolve(ctx context.Context, id string) (source, error) {
 		if err != nil {
 			return source{}, err
 		}
-		src := source{template: name, rootfs: rootfs}
+		src := source{template: name, rootfs: rootfs, limits: m.templateLimits(name)}
 		if w, ok := m.pool.warmImage(name); ok && w.rootfs == rootfs {
 			src.image = w.image
 		}
@@ -123,7 +115,7 @@ func (m *Manager) resolve(ctx context.Context, id string) (source, error) {
 	if err != nil {
 		return source{}, errdefs.New(errdefs.ErrNotFound, "template or snapshot %q not found (built-in templates: base, code-interpreter-v1)", id)
 	}
-	return source{snapshot: sn, rootfs: sn.Rootfs, image: sn.Image}, nil
+	return source{snapshot: sn, rootfs: sn.Rootfs, image: sn.Image, limits: m.cfg.DefaultLimits.Over(sn.Limits())}, nil
 }
 
 // Create starts a new sandbox from a template or snapshot and returns its
@@ -137,7 +129,6 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *sandbox.San
 		return nil, err
 	}
 	if sn := src.snapshot; sn != nil {
-		req.CPUCount, req.MemoryMB = cmp.Or(req.CPUCount, sn.CPUCount), cmp.Or(req.MemoryMB, sn.MemoryMB)
 		envs := maps.Clone(sn.Envs)
 		if envs == nil {
 			envs = map[string]string{}
@@ -148,15 +139,19 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *sandbox.San
 	if err := m.normalize(&req); err != nil {
 		return nil, err
 	}
+	limits, err := m.createLimits(src, req.Limits)
+	if err != nil {
+		return nil, err
+	}
 	timing.Since(ctx, "resolve", t0)
 	now := time.Now().UTC()
 	rec := &sandbox.Sandbox{
 		ID: newID(), TemplateID: req.TemplateID,
 		State: sandbox.StateRunning, StartedAt: now, EndAt: now.Add(req.Timeout),
 		Metadata: orEmpty(req.Metadata), Envs: orEmpty(req.Envs),
-		CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, DiskSizeMB: m.cfg.DiskMB,
 		AccessToken: randomHex(16), OnTimeout: req.OnTimeout, Rootfs: src.rootfs,
 	}
+	rec.SetLimits(limits)
 	rec.Network = sandbox.DefaultNetwork
 	if src.snapshot != nil {
 		rec.BaseSnapshot, rec.Network = src.snapshot.ID, cloneNetwork(src.snapshot.Network)
@@ -164,7 +159,6 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *sandbox.San
 	if req.Network != nil {
 		rec.Network = cloneNetwork(*req.Network)
 	}
-	limits := m.limits(rec)
 	b, mode, err := m.startBox(ctx, src, limits)
 	if err != nil {
 		return nil, err
@@ -177,10 +171,18 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *sandbox.San
 	return cloneRecord(rec), nil
 }
 
-// startBox gets a running box for src: from the pool, by restore, or by boot.
+// startBox gets a running box for src with limits: from the pool, by
+// restore, or by boot (see limits.go for which limit allows which).
 func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limits) (*box, string, error) {
-	if src.template != "" && src.image != "" && limits == m.cfg.DefaultLimits {
+	if src.image != "" && limits.DiskMB != src.limits.DiskMB {
+		src.image = "" // a template's warm image has its disk size: boot one of the size asked for
+	}
+	if src.template != "" && src.image != "" && sameSize(limits, src.limits) && rlimitsFit(src.limits, limits) {
 		if b := m.pool.takeReady(src.template); b != nil {
+			if err := m.fitPids(ctx, b, limits); err != nil {
+				m.destroyBox(context.WithoutCancel(ctx), b)
+				return nil, "", err
+			}
 			return b, "pool", nil
 		}
 	}
@@ -215,7 +217,7 @@ func (m *Manager) adoptNew(ctx context.Context, rec *sandbox.Sandbox, b *box, en
 	}
 	t0 = time.Now()
 	if err == nil {
-		err = m.postInit(ctx, b.transport, envs)
+		err = m.applyRlimits(ctx, b, envs, rec.Limits())
 	}
 	if err != nil {
 		cctx := context.WithoutCancel(ctx)
@@ -236,9 +238,14 @@ func orEmpty(m map[string]string) map[string]string {
 }
 
 // postInit hands the agent the sandbox's settings (POST /init, as E2B's
-// orchestrator does with envd) and this daemon's upload limit.
-func (m *Manager) postInit(ctx context.Context, tr http.RoundTripper, envs map[string]string) error {
-	body, _ := json.Marshal(map[string]any{"envVars": envs, "defaultUser": "user", "maxUploadBytes": m.cfg.MaxUploadBytes})
+// orchestrator does with envd), this daemon's upload limit and, unless
+// limits is nil, the sandbox's process limits to apply.
+func (m *Manager) postInit(ctx context.Context, tr http.RoundTripper, envs map[string]string, limits *sandbox.Limits) error {
+	init := map[string]any{"envVars": envs, "defaultUser": "user", "maxUploadBytes": m.cfg.MaxUploadBytes}
+	if limits != nil {
+		init["pidsMax"], init["openFiles"] = limits.PidsMax, limits.OpenFiles
+	}
+	body, _ := json.Marshal(init)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://sandbox:%d/init", EnvdPort), bytes.NewReader(body))
 	if err != nil {
 		return err

@@ -34,13 +34,18 @@ const (
 
 // Config is the manager's part of the daemon configuration.
 type Config struct {
-	DataDir        string
-	DefaultLimits  sandbox.Limits
-	MaxLimits      sandbox.Limits
+	DataDir string
+	// DefaultLimits are the limits of a sandbox whose template does not set
+	// them (TemplateLimits) and whose create does not ask; a create may ask
+	// for up to MaxLimits. Every field of both is set.
+	DefaultLimits sandbox.Limits
+	MaxLimits     sandbox.Limits
+	// TemplateLimits are each built-in template's defaults, every field
+	// set (a template missing here gets DefaultLimits).
+	TemplateLimits map[string]sandbox.Limits
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
 	MaxUploadBytes int64
-	DiskMB         int // writable root filesystem per sandbox (the runtime enforces it)
 	// Pool sizes per template: sandboxes kept restored and ready, and
 	// prepared shells to restore snapshots into.
 	PoolReady  int

@@ -45,7 +45,7 @@ func (p *pool) setWarm(name string, w warmImage) {
 	p.mu.Lock()
 	p.warm[name] = w
 	if p.shellRootfs == "" {
-		p.shellRootfs, p.shellLimits = w.rootfs, p.m.cfg.DefaultLimits
+		p.shellRootfs, p.shellLimits = w.rootfs, p.m.templateLimits(name)
 	}
 	p.mu.Unlock()
 	p.poke()
@@ -79,11 +79,12 @@ func (p *pool) takeReady(name string) *box {
 	return b
 }
 
-// takeShell hands out a prepared shell that fits, or nil.
+// takeShell hands out a prepared shell on rootfs of the size limits asks
+// for, or nil.
 func (p *pool) takeShell(rootfs string, limits sandbox.Limits) *box {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.shells) == 0 || rootfs != p.shellRootfs || limits != p.shellLimits {
+	if len(p.shells) == 0 || rootfs != p.shellRootfs || !sameSize(limits, p.shellLimits) {
 		return nil
 	}
 	b := p.shells[len(p.shells)-1]
@@ -134,9 +135,10 @@ func (p *pool) fillOne() bool {
 	defer release()
 	ctx := context.Background()
 	if name != "" {
-		b, err := p.m.restoreBox(ctx, w.image, w.rootfs, p.m.cfg.DefaultLimits)
+		lim := p.m.templateLimits(name)
+		b, err := p.m.restoreBox(ctx, w.image, w.rootfs, lim)
 		if err == nil {
-			err = p.m.readyForHandOff(ctx, b)
+			err = p.m.readyForHandOff(ctx, b, lim)
 		}
 		if err != nil {
 			p.m.log.Error("refilling pool", "template", name, "err", err)
@@ -161,10 +163,14 @@ func (p *pool) fillOne() bool {
 }
 
 // readyForHandOff does now what a hand-off would otherwise wait for: the
-// default network policy (most creates ask for it), and a kept-alive
-// connection to the agent.
-func (m *Manager) readyForHandOff(ctx context.Context, b *box) error {
+// default network policy and the template's process limits (most creates
+// ask for those), and a kept-alive connection to the agent.
+func (m *Manager) readyForHandOff(ctx context.Context, b *box, lim sandbox.Limits) error {
 	if err := m.applyPolicy(b, sandbox.DefaultNetwork); err != nil {
+		m.destroyBox(ctx, b)
+		return err
+	}
+	if err := m.applyRlimits(ctx, b, nil, lim); err != nil {
 		m.destroyBox(ctx, b)
 		return err
 	}

@@ -108,9 +108,10 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snaps
 	sn := &sandbox.Snapshot{
 		ID: sid, Names: []string{}, ParentID: l.rec.BaseSnapshot, SandboxID: id, TemplateID: l.rec.TemplateID,
 		Rootfs: l.rec.Rootfs, Image: dir, SizeBytes: imageSize(dir), CreatedAt: time.Now().UTC(),
-		Envs: maps.Clone(l.rec.Envs), CPUCount: l.rec.CPUCount, MemoryMB: l.rec.MemoryMB,
-		Network: cloneNetwork(l.rec.Network),
+		Envs: maps.Clone(l.rec.Envs), Network: cloneNetwork(l.rec.Network),
 	}
+	lim := m.limits(l.rec)
+	sn.CPUCount, sn.MemoryMB, sn.DiskMB, sn.PidsMax, sn.OpenFiles = lim.CPUCount, lim.MemoryMB, lim.DiskMB, lim.PidsMax, lim.OpenFiles
 	if name != "" {
 		sn.Names = []string{name}
 	}
@@ -306,14 +307,18 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.S
 	if !ok || sn.Rootfs != l.rec.Rootfs {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q is not in the snapshot tree of sandbox %q", snapshot, id)
 	}
+	lim := m.limits(l.rec)
+	if err := frozenFits("snapshot "+sn.ID, sn.Limits(), lim); err != nil {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "cannot roll sandbox %q back: %v", id, err)
+	}
 	release, err := m.adm.acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	nb, err := m.restoreBox(ctx, sn.Image, sn.Rootfs, l.box.limits)
+	nb, err := m.restoreBox(ctx, sn.Image, sn.Rootfs, lim)
 	release()
 	if err == nil {
-		if err = errors.Join(m.applyPolicy(nb, l.rec.Network), m.postInit(ctx, nb.transport, nil)); err != nil {
+		if err = errors.Join(m.applyPolicy(nb, l.rec.Network), m.postInit(ctx, nb.transport, nil, &lim)); err != nil {
 			m.destroyBox(context.WithoutCancel(ctx), nb)
 		}
 	}

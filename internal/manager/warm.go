@@ -28,7 +28,7 @@ func (m *Manager) Warm(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	key, err := m.tpl.WarmKey(name, m.bootKey())
+	key, err := m.tpl.WarmKey(name, m.bootKey(name))
 	if err != nil {
 		return err
 	}
@@ -58,13 +58,15 @@ func (m *Manager) Warm(ctx context.Context, name string) error {
 }
 
 func (m *Manager) buildWarm(ctx context.Context, name, rootfs, image string) error {
-	b, err := m.bootBox(ctx, rootfs, m.cfg.DefaultLimits,
+	// The template's size (its disk is frozen in the image) and the
+	// maximum process limits, which each sandbox's hand-off lowers.
+	b, err := m.bootBox(ctx, rootfs, m.templateLimits(name),
 		"CELLFORK_PREIMPORT="+strings.Join(template.Preimport(name), ","))
 	if err != nil {
 		return err
 	}
 	defer m.destroyBox(context.WithoutCancel(ctx), b)
-	if err := m.postInit(ctx, b.transport, nil); err != nil {
+	if err := m.postInit(ctx, b.transport, nil, nil); err != nil {
 		return err
 	}
 	// Wait for the default code context (and its pre-imports).

@@ -30,6 +30,8 @@ type Sandbox struct {
 	CPUCount    int
 	MemoryMB    int
 	DiskSizeMB  int
+	PidsMax     int    // 0 in records of older daemons: see Limits
+	OpenFiles   int    // 0 in records of older daemons: see Limits
 	AccessToken string // envd access token (X-Access-Token)
 	OnTimeout   string // "kill" or "pause"
 	// Rootfs is the template root filesystem the sandbox runs on; restores
@@ -77,19 +79,30 @@ type Snapshot struct {
 	SizeBytes  int64
 	CreatedAt  time.Time
 	// Envs and limits of the source sandbox, which a sandbox created from
-	// the snapshot inherits.
-	Envs     map[string]string
-	CPUCount int
-	MemoryMB int
-	Network  Network
-}
-
-// Limits are the resources given to one sandbox.
-type Limits struct {
+	// the snapshot inherits. The disk size and the process limits are
+	// frozen in the image (0: taken by an older daemon, unknown).
+	Envs      map[string]string
 	CPUCount  int
 	MemoryMB  int
-	PidsMax   int // processes per user inside the sandbox (RLIMIT_NPROC)
-	OpenFiles int // open files per process (RLIMIT_NOFILE)
+	DiskMB    int
+	PidsMax   int
+	OpenFiles int
+	Network   Network
+}
+
+// Limits returns the sandbox's limits (0 where its record does not say).
+func (s *Sandbox) Limits() Limits {
+	return Limits{CPUCount: s.CPUCount, MemoryMB: s.MemoryMB, DiskMB: s.DiskSizeMB, PidsMax: s.PidsMax, OpenFiles: s.OpenFiles}
+}
+
+// SetLimits records l as the sandbox's limits.
+func (s *Sandbox) SetLimits(l Limits) {
+	s.CPUCount, s.MemoryMB, s.DiskSizeMB, s.PidsMax, s.OpenFiles = l.CPUCount, l.MemoryMB, l.DiskMB, l.PidsMax, l.OpenFiles
+}
+
+// Limits returns the limits the snapshot's sandbox had (0 where unknown).
+func (s *Snapshot) Limits() Limits {
+	return Limits{CPUCount: s.CPUCount, MemoryMB: s.MemoryMB, DiskMB: s.DiskMB, PidsMax: s.PidsMax, OpenFiles: s.OpenFiles}
 }
 
 // Spec is what the runtime needs to start a sandbox.
@@ -100,7 +113,17 @@ type Spec struct {
 	Args      []string // init process (the agent)
 	Env       []string
 	NetnsPath string
-	Limits    Limits
+	// Limits: CPUCount, MemoryMB and PidsMax size the host's cgroups
+	// (PidsMax with headroom for gVisor's own threads); DiskMB bounds the
+	// writable root of a sandbox started (or prepared) from scratch; a
+	// restored one keeps its image's. PidsMax and OpenFiles are
+	// not given to processes: see InitRlimits.
+	Limits Limits
+	// InitRlimits are the RLIMIT_NPROC (PidsMax) and RLIMIT_NOFILE
+	// (OpenFiles) the init process starts with and passes on; a restored
+	// sandbox keeps its image's. Zero fields: Limits'; other fields are
+	// unused.
+	InitRlimits Limits
 }
 
 // Stats is one resource-usage sample.
@@ -136,6 +159,10 @@ type Runtime interface {
 	List(ctx context.Context) ([]string, error)
 	// Stats samples resource usage.
 	Stats(ctx context.Context, runtimeID string) (Stats, error)
+	// SetPidsMax changes the host's bound on the threads and processes of a
+	// running sandbox to fit pidsMax processes inside (the one limit of
+	// Spec.Limits that can change without the sandbox noticing).
+	SetPidsMax(ctx context.Context, runtimeID string, pidsMax int) error
 	// Watch calls onExit once when the sandbox (started with bundleDir)
 	// exits, whatever the cause (its own Destroy included).
 	Watch(ctx context.Context, bundleDir string, onExit func()) error

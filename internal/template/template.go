@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,6 +48,18 @@ type Registry struct {
 // installs the agent from agentDir.
 func NewRegistry(dataDir, agentDir string) *Registry {
 	return &Registry{dataDir: dataDir, agentDir: agentDir, ready: map[string]string{}}
+}
+
+// Names returns the built-in template names (aliases resolve to them).
+func Names() []string {
+	var names []string
+	for _, n := range aliases {
+		if !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 // Resolve maps a template id (or alias) to a built-in template name.

@@ -63,6 +63,9 @@ type initRequest struct {
 	DefaultUser    string            `json:"defaultUser"`
 	DefaultWorkdir string            `json:"defaultWorkdir"`
 	MaxUploadBytes int64             `json:"maxUploadBytes"` // ours
+	// Ours: the sandbox's process limits (0: leave as they are).
+	PidsMax   int64 `json:"pidsMax"`
+	OpenFiles int64 `json:"openFiles"`
 }
 
 func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) {
@@ -81,9 +84,16 @@ func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) {
 		writeError(w, "init", invalidf("defaultWorkdir must be absolute, got %q", req.DefaultWorkdir))
 		return
 	}
-	if req.MaxUploadBytes < 0 {
-		writeError(w, "init", invalidf("maxUploadBytes must not be negative"))
+	if req.MaxUploadBytes < 0 || req.PidsMax < 0 || req.OpenFiles < 0 {
+		writeError(w, "init", invalidf("maxUploadBytes, pidsMax and openFiles must not be negative"))
 		return
+	}
+	if req.PidsMax > 0 || req.OpenFiles > 0 {
+		l := agent.ProcessLimits{PidsMax: uint64(req.PidsMax), OpenFiles: uint64(req.OpenFiles)}
+		if err := agent.ApplyLimits("/proc", l); err != nil {
+			writeError(w, "init", err)
+			return
+		}
 	}
 	s.Init(req.DefaultUser, req.DefaultWorkdir, req.EnvVars)
 	if req.MaxUploadBytes > 0 {

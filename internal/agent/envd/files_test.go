@@ -298,6 +298,8 @@ func TestHealthInitEnvsMetrics(t *testing.T) {
 	wantAPIError(t, res, b, 400)
 	res, b = e.do("POST", "/init", nil, strings.NewReader(`not json`), nil)
 	wantAPIError(t, res, b, 400)
+	res, b = e.do("POST", "/init", nil, strings.NewReader(`{"pidsMax":-1}`), nil)
+	wantAPIError(t, res, b, 400)
 
 	res, b = e.do("GET", "/metrics", nil, nil, nil)
 	var m map[string]float64

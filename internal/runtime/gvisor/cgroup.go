@@ -69,6 +69,15 @@ func readCgroupStats(path string) (sandbox.Stats, error) {
 	return st, nil
 }
 
+// writeCgroupPids sets pids.max of the sandbox's pids cgroup.
+func writeCgroupPids(path string, n int64) error {
+	file := filepath.Join(cgroupRoot, "pids", path, "pids.max")
+	if v2() {
+		file = filepath.Join(cgroupRoot, path, "pids.max")
+	}
+	return os.WriteFile(file, []byte(strconv.FormatInt(n, 10)), 0)
+}
+
 // removeCgroups removes the sandbox's (empty) cgroup directories, which a
 // failed start can leave behind.
 func removeCgroups(path string) {

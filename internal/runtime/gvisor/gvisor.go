@@ -1,7 +1,9 @@
 // Package gvisor implements sandbox.Runtime with runsc (gVisor, systrap
 // platform). Each sandbox is one runsc sandbox whose root filesystem is the
 // template rootfs with an in-memory overlay (--overlay2=root:memory), so
-// writes never touch the shared rootfs and a checkpoint captures them.
+// writes never touch the shared rootfs and a checkpoint captures them. The
+// overlay's size is fixed when a sandbox is started or prepared; a restore
+// keeps the size frozen in its image, whatever the flag says.
 package gvisor
 
 import (
@@ -27,9 +29,6 @@ type Config struct {
 	Root  string // runsc state directory
 	// CgroupParent is the cgroup under which each sandbox gets its own.
 	CgroupParent string
-	// DiskMB bounds what a sandbox can write to its root filesystem (the
-	// in-memory overlay): past it, writes fail with ENOSPC. 0 = unbounded.
-	DiskMB int
 }
 
 // Runtime drives runsc. Safe for concurrent use.
@@ -54,14 +53,19 @@ func New(cfg Config) (*Runtime, error) {
 	return &Runtime{cfg: cfg}, nil
 }
 
-// globalFlags are the flags every runsc call gets; they must be the same for
-// every call on one container.
-func (r *Runtime) globalFlags(logFile string) []string {
+// globalFlags are the flags every runsc call gets. The overlay's size
+// (diskMB, 0 = unbounded) only matters to the call that starts or prepares
+// a sandbox: past it, writes to the root fail with ENOSPC.
+func (r *Runtime) globalFlags(logFile string, diskMB int) []string {
+	overlay := "--overlay2=root:memory"
+	if diskMB > 0 {
+		overlay += fmt.Sprintf(",size=%dm", diskMB)
+	}
 	f := []string{
 		"--root=" + r.cfg.Root,
 		"--platform=systrap",
 		"--network=sandbox",
-		r.overlay(),
+		overlay,
 		"--host-settings=ignore",
 		"--restore-spec-validation=warning",
 	}
@@ -71,18 +75,11 @@ func (r *Runtime) globalFlags(logFile string) []string {
 	return f
 }
 
-func (r *Runtime) overlay() string {
-	if r.cfg.DiskMB > 0 {
-		return fmt.Sprintf("--overlay2=root:memory,size=%dm", r.cfg.DiskMB)
-	}
-	return "--overlay2=root:memory"
-}
-
 // runsc runs one short runsc command with a timeout and returns its output.
 func (r *Runtime) runsc(ctx context.Context, timeout time.Duration, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, r.cfg.Runsc, append(r.globalFlags(""), args...)...)
+	cmd := exec.CommandContext(ctx, r.cfg.Runsc, append(r.globalFlags("", 0), args...)...)
 	cmd.SysProcAttr = diesWithDaemon()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -117,7 +114,7 @@ func (r *Runtime) detached(ctx context.Context, phase string, s sandbox.Spec, ou
 	defer timing.Since(ctx, phase, time.Now())
 	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	full := append(r.globalFlags(filepath.Join(s.BundleDir, "runsc.log")), args...)
+	full := append(r.globalFlags(filepath.Join(s.BundleDir, "runsc.log"), s.Limits.DiskMB), args...)
 	cmd := exec.CommandContext(rctx, r.cfg.Runsc, full...)
 	cmd.SysProcAttr = diesWithDaemon()
 	cmd.Stdout, cmd.Stderr = out, out
@@ -281,6 +278,15 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 		ids = append(ids, s.ID)
 	}
 	return ids, nil
+}
+
+// SetPidsMax resizes the sandbox's host pids cgroup to fit pidsMax
+// processes inside.
+func (r *Runtime) SetPidsMax(_ context.Context, id string, pidsMax int) error {
+	if err := writeCgroupPids(filepath.Join(r.cfg.CgroupParent, id), hostPids(pidsMax)); err != nil {
+		return fmt.Errorf("setting the pids limit of sandbox %s: %w", id, err)
+	}
+	return nil
 }
 
 // Stats reads the sandbox's cgroup counters.

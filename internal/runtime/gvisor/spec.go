@@ -86,16 +86,28 @@ type ociPids struct {
 
 // caps is what the agent (root inside the sandbox) needs to run processes
 // as other users and manage their files: Docker's default set. Processes it
-// starts as non-root users lose them.
+// starts as non-root users lose them. CAP_SYS_RESOURCE lets the agent set
+// every process's limits to the sandbox's at hand-off; it drops it from its
+// bounding set when it starts, so that nothing it runs (root included) gets
+// it.
 var caps = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
 	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
 	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+	"CAP_SYS_RESOURCE",
 }
 
 const cpuPeriod = 100000 // µs
 
+// hostPids is the host pids cgroup limit of a sandbox that allows pidsMax
+// processes inside. It bounds gVisor's own threads and systrap stub
+// processes, not the sandbox's processes (RLIMIT_NPROC does that inside):
+// it needs headroom, or a fork bomb starves the sentry of threads and kills
+// it.
+func hostPids(pidsMax int) int64 { return int64(4*pidsMax + 1024) }
+
 func ociSpec(s sandbox.Spec, cgroupsPath string) ociConfig {
+	rl := s.Limits.Over(s.InitRlimits)
 	return ociConfig{
 		OCIVersion: "1.0.0",
 		Process: ociProcess{
@@ -104,11 +116,11 @@ func ociSpec(s sandbox.Spec, cgroupsPath string) ociConfig {
 			Cwd:          "/",
 			Capabilities: ociCapabilities{Bounding: caps, Effective: caps, Permitted: caps},
 			// gVisor enforces both for every process without CAP_SYS_ADMIN
-			// or CAP_SYS_RESOURCE (none in a sandbox has them): a fork bomb
+			// or CAP_SYS_RESOURCE (none but the agent has one): a fork bomb
 			// stops at PidsMax per user instead of exhausting the sandbox.
 			Rlimits: []ociRlimit{
-				{Type: "RLIMIT_NOFILE", Hard: uint64(s.Limits.OpenFiles), Soft: uint64(s.Limits.OpenFiles)},
-				{Type: "RLIMIT_NPROC", Hard: uint64(s.Limits.PidsMax), Soft: uint64(s.Limits.PidsMax)},
+				{Type: "RLIMIT_NOFILE", Hard: uint64(rl.OpenFiles), Soft: uint64(rl.OpenFiles)},
+				{Type: "RLIMIT_NPROC", Hard: uint64(rl.PidsMax), Soft: uint64(rl.PidsMax)},
 			},
 		},
 		Root:     ociRoot{Path: s.Rootfs},
@@ -128,11 +140,7 @@ func ociSpec(s sandbox.Spec, cgroupsPath string) ociConfig {
 			Resources: ociResources{
 				Memory: ociMemory{Limit: int64(s.Limits.MemoryMB) << 20},
 				CPU:    ociCPU{Quota: int64(s.Limits.CPUCount) * cpuPeriod, Period: cpuPeriod},
-				// The host pids cgroup bounds gVisor's own threads and
-				// systrap stub processes, not the sandbox's processes
-				// (RLIMIT_NPROC does that inside): it needs headroom, or a
-				// fork bomb starves the sentry of threads and kills it.
-				Pids: ociPids{Limit: int64(4*s.Limits.PidsMax + 1024)},
+				Pids:   ociPids{Limit: hostPids(s.Limits.PidsMax)},
 			},
 			CgroupsPath: cgroupsPath,
 		},

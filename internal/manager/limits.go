@@ -1,0 +1,129 @@
+package manager
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/sandbox"
+)
+
+// How each limit reaches a sandbox, whatever path starts it:
+//
+//   - CPU and memory are the host cgroups of the gVisor sandbox, which
+//     gVisor also reads once, when the sandbox starts or is prepared, to
+//     size the CPUs and memory it shows inside. So a ready sandbox from the
+//     pool (or a prepared shell) only serves a create that asks for the
+//     CPUs and memory it was started with; otherwise the image is restored
+//     into a new sandbox of the right size.
+//   - The disk (the root overlay, in sandbox memory) is sized when a
+//     sandbox boots and is then frozen in every image taken of
+//     it. A template create asking for another size than the template's
+//     boots; a snapshot's sandboxes keep the snapshot's size.
+//   - Processes and open files are per-process limits, also frozen in
+//     images. Images of templates are booted with the daemon's maximums;
+//     at hand-off the agent sets the sandbox's limits on itself (its
+//     children inherit them) and lowers them on every running process
+//     (never raises: nothing else holds CAP_SYS_RESOURCE). Ready sandboxes
+//     in the pool have the template's defaults applied while they wait, so
+//     they serve creates asking for those or less; more restores the
+//     template's image. A snapshot's processes cannot get more than the
+//     snapshot had. The host's pids cgroup, which bounds gVisor's own
+//     threads, is resized to match.
+
+// templateLimits returns the default limits of a built-in template.
+func (m *Manager) templateLimits(name string) sandbox.Limits {
+	if l, ok := m.cfg.TemplateLimits[name]; ok {
+		return l
+	}
+	return m.cfg.DefaultLimits
+}
+
+// limits returns a sandbox's limits, filling from the defaults what a
+// record of an older daemon lacks.
+func (m *Manager) limits(rec *sandbox.Sandbox) sandbox.Limits {
+	return m.cfg.DefaultLimits.Over(rec.Limits())
+}
+
+// initRlimits are the process limits every sandbox boots with (and so
+// every template image has): the maximums, which the agent lowers to each
+// sandbox's own at hand-off.
+func (m *Manager) initRlimits() sandbox.Limits {
+	return sandbox.Limits{PidsMax: m.cfg.MaxLimits.PidsMax, OpenFiles: m.cfg.MaxLimits.OpenFiles}
+}
+
+// createLimits layers a create's limits over what its source gives and
+// checks them: within the daemon's minimums and maximums, and for a
+// snapshot, within what its image holds.
+func (m *Manager) createLimits(src source, want sandbox.Limits) (sandbox.Limits, error) {
+	l := src.limits.Over(want)
+	if err := l.Check(m.cfg.MaxLimits); err != nil {
+		return l, errdefs.New(errdefs.ErrInvalidArgument, "%v", err)
+	}
+	if sn := src.snapshot; sn != nil {
+		if err := frozenFits(fmt.Sprintf("snapshot %s", sn.ID), src.limits, l); err != nil {
+			return l, errdefs.New(errdefs.ErrInvalidArgument, "%v", err)
+		}
+	}
+	return l, nil
+}
+
+// frozenFits checks that a sandbox with limits l can run an image of a
+// sandbox that had img: same disk size, and no more processes or open files
+// (its processes keep their limits, which can be lowered, not raised).
+func frozenFits(what string, img, l sandbox.Limits) error {
+	switch {
+	case img.DiskMB != 0 && l.DiskMB != img.DiskMB:
+		return fmt.Errorf("diskSizeMB must be %d, the disk size frozen in %s", img.DiskMB, what)
+	case img.PidsMax != 0 && l.PidsMax > img.PidsMax:
+		return fmt.Errorf("pidsMax must be at most %d, the process limit of %s (its processes keep their limits; they can be lowered, not raised)", img.PidsMax, what)
+	case img.OpenFiles != 0 && l.OpenFiles > img.OpenFiles:
+		return fmt.Errorf("openFiles must be at most %d, the open-file limit of %s (its processes keep their limits; they can be lowered, not raised)", img.OpenFiles, what)
+	}
+	return nil
+}
+
+// rlimitsOf returns the process limits of l (the part the agent applies).
+func rlimitsOf(l sandbox.Limits) sandbox.Limits {
+	return sandbox.Limits{PidsMax: l.PidsMax, OpenFiles: l.OpenFiles}
+}
+
+// rlimitsFit reports whether a box whose agent applied have (zero: none,
+// the image's maximums) can be given process limits want: lowering, not
+// raising.
+func rlimitsFit(have, want sandbox.Limits) bool {
+	return have == (sandbox.Limits{}) || want.PidsMax <= have.PidsMax && want.OpenFiles <= have.OpenFiles
+}
+
+// applyRlimits has the agent of b apply l's process limits unless it has
+// already. envs are the sandbox's environment variables (POST /init carries
+// both; nil: none to add).
+func (m *Manager) applyRlimits(ctx context.Context, b *box, envs map[string]string, l sandbox.Limits) error {
+	want := rlimitsOf(l)
+	if b.rlimits == want {
+		return m.postInit(ctx, b.transport, envs, nil)
+	}
+	if err := m.postInit(ctx, b.transport, envs, &want); err != nil {
+		return err
+	}
+	b.rlimits = want
+	return nil
+}
+
+// sameSize reports whether a box started with limits a serves a sandbox
+// with limits b without gVisor noticing: same CPUs and memory.
+func sameSize(a, b sandbox.Limits) bool {
+	return a.CPUCount == b.CPUCount && a.MemoryMB == b.MemoryMB
+}
+
+// fitPids resizes b's host pids cgroup for l (the rest of l is b's already,
+// or set by the agent at hand-off) and records l as b's limits.
+func (m *Manager) fitPids(ctx context.Context, b *box, l sandbox.Limits) error {
+	if b.limits.PidsMax != l.PidsMax {
+		if err := m.rt.SetPidsMax(ctx, b.rid, l.PidsMax); err != nil {
+			return err
+		}
+	}
+	b.limits = l
+	return nil
+}
