@@ -46,7 +46,7 @@ func serve(ctx context.Context, args []string) int {
 	fs.IntVar(&cfg.DefaultLimits.MemoryMB, "default-memory-mb", 1024, "memory per sandbox (MiB) unless its template or create says otherwise")
 	fs.IntVar(&cfg.DefaultLimits.PidsMax, "pids-max", 512, "processes per user inside a sandbox (a fork bomb stops there) unless its template or create says otherwise")
 	fs.IntVar(&cfg.DefaultLimits.OpenFiles, "open-files", 65536, "open files per process inside a sandbox unless its template or create says otherwise")
-	fs.IntVar(&cfg.DefaultLimits.DiskMB, "disk-mb", 512, "writable root filesystem per sandbox, in MiB, unless its template or create says otherwise; kept in sandbox memory; past it writes fail with ENOSPC")
+	fs.IntVar(&cfg.DefaultLimits.DiskMB, "disk-mb", 512, "writable root filesystem (/tmp included; /dev/shm gets half as much) per sandbox, in MiB, unless its template or create says otherwise; kept in sandbox memory; past it writes fail with ENOSPC")
 	fs.IntVar(&cfg.MaxLimits.CPUCount, "max-cpus", runtime.NumCPU(), "most CPUs a create may ask for")
 	fs.IntVar(&cfg.MaxLimits.MemoryMB, "max-memory-mb", 8192, "most memory (MiB) a create may ask for")
 	fs.IntVar(&cfg.MaxLimits.DiskMB, "max-disk-mb", 4096, "largest disk (MiB) a create may ask for")

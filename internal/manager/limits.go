@@ -16,8 +16,8 @@ import (
 //     pool (or a prepared shell) only serves a create that asks for the
 //     CPUs and memory it was started with; otherwise the image is restored
 //     into a new sandbox of the right size.
-//   - The disk (the root overlay, in sandbox memory) is sized when a
-//     sandbox boots and is then frozen in every image taken of
+//   - The disk (the root overlay and /dev/shm, both in sandbox memory) is
+//     sized when a sandbox boots and is then frozen in every image taken of
 //     it. A template create asking for another size than the template's
 //     boots; a snapshot's sandboxes keep the snapshot's size.
 //   - Processes and open files are per-process limits, also frozen in

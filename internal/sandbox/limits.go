@@ -8,7 +8,7 @@ import "fmt"
 type Limits struct {
 	CPUCount  int // CPUs (cgroup CPU quota)
 	MemoryMB  int // memory, MiB (cgroup); also what the sandbox sees as total
-	DiskMB    int // writable root filesystem, MiB (in sandbox memory)
+	DiskMB    int // writable root filesystem, MiB (in sandbox memory; /dev/shm gets half as much)
 	PidsMax   int // processes per user inside the sandbox (RLIMIT_NPROC)
 	OpenFiles int // open files per process (RLIMIT_NOFILE)
 }

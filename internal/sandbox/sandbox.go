@@ -115,8 +115,8 @@ type Spec struct {
 	NetnsPath string
 	// Limits: CPUCount, MemoryMB and PidsMax size the host's cgroups
 	// (PidsMax with headroom for gVisor's own threads); DiskMB bounds the
-	// writable root of a sandbox started (or prepared) from scratch; a
-	// restored one keeps its image's. PidsMax and OpenFiles are
+	// writable root and /dev/shm of a sandbox started (or prepared) from
+	// scratch; a restored one keeps its image's. PidsMax and OpenFiles are
 	// not given to processes: see InitRlimits.
 	Limits Limits
 	// InitRlimits are the RLIMIT_NPROC (PidsMax) and RLIMIT_NOFILE

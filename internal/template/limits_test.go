@@ -1,6 +1,8 @@
 package template
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -66,5 +68,23 @@ func TestParseLimitsFlag(t *testing.T) {
 func TestNames(t *testing.T) {
 	if n := Names(); len(n) != 1 || n[0] != "base" {
 		t.Errorf("Names = %v", n)
+	}
+}
+
+// The marker keeps /tmp on the root overlay (gVisor mounts an unbounded
+// tmpfs over an empty /tmp only).
+func TestKeepTmpOnRoot(t *testing.T) {
+	root := t.TempDir()
+	for range 2 { // idempotent
+		if err := keepTmpOnRoot(root); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fi, err := os.Stat(filepath.Join(root, "tmp"))
+	if err != nil || fi.Mode()&os.ModeSticky == 0 || fi.Mode().Perm() != 0o777 {
+		t.Fatalf("/tmp: %v %v", fi.Mode(), err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(root, "tmp")); len(entries) != 1 || entries[0].Name() != filepath.Base(TmpMarker) {
+		t.Fatalf("/tmp holds %v", entries)
 	}
 }

@@ -199,9 +199,20 @@ func (r *Registry) prune(dir, keep string, progress io.Writer) {
 	}
 }
 
+// TmpMarker is a file the daemon keeps in every rootfs's /tmp. gVisor
+// mounts a tmpfs over an empty /tmp, and that tmpfs has no size: filling it
+// would end the sandbox at its memory limit. A /tmp that is not empty stays
+// on the root overlay, whose size the sandbox's disk limit bounds (writes
+// past it fail with ENOSPC).
+const TmpMarker = "tmp/.cellfork"
+
 // installAgent copies the agent files into rootfs/opt/cellfork when they
-// differ, by rename so running sandboxes keep the inode they opened.
+// differ, by rename so running sandboxes keep the inode they opened, and
+// puts TmpMarker in place.
 func (r *Registry) installAgent(rootfs string) error {
+	if err := keepTmpOnRoot(rootfs); err != nil {
+		return err
+	}
 	dst := filepath.Join(rootfs, AgentDir)
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return err
@@ -224,6 +235,21 @@ func (r *Registry) installAgent(rootfs string) error {
 		}
 	}
 	return nil
+}
+
+func keepTmpOnRoot(rootfs string) error {
+	tmp := filepath.Join(rootfs, "tmp")
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp, 0o777|os.ModeSticky); err != nil {
+		return err
+	}
+	marker := filepath.Join(rootfs, TmpMarker)
+	if _, err := os.Stat(marker); err == nil {
+		return nil
+	}
+	return os.WriteFile(marker, nil, 0o444)
 }
 
 // inUse holds the lock files of InUse: a flock lasts as long as its file

@@ -156,11 +156,11 @@ func TestLimitsOverrides(t *testing.T) {
 		if mode != "boot" {
 			t.Errorf("bootMode %q, want boot (the disk size is frozen in the template's image)", mode)
 		}
-		if s := seen(t, sb, ""); s.diskMB != 64 || s.procs != "512/512" {
-			t.Errorf("disk %d MiB, processes %s", s.diskMB, s.procs)
+		if s := seen(t, sb, ""); s.diskMB != 64 || s.shmMB != 32 || s.procs != "512/512" {
+			t.Errorf("disk %d MiB, /dev/shm %d MiB, processes %s", s.diskMB, s.shmMB, s.procs)
 		}
 		reported(t, sb.SandboxID, map[string]int{"diskSizeMB": 64})
-		for _, dir := range []string{"/home/user"} {
+		for _, dir := range []string{"/home/user", "/tmp", "/dev/shm"} {
 			out, _, _ := run(t, sb, "", "dd if=/dev/zero of="+dir+"/fill bs=1M count=200 2>&1 | grep -c 'No space left on device'; rm -f "+dir+"/fill")
 			if strings.TrimSpace(out) != "1" {
 				t.Errorf("filling %s past a 64 MiB disk: %q", dir, out)
@@ -260,7 +260,7 @@ func TestLimitsTemplateDefaults(t *testing.T) {
 			t.Errorf("bootMode %v, want pool (the pool holds the template's defaults)", mode)
 		}
 		reported(t, sb.SandboxID, map[string]int{"cpuCount": 1, "memoryMB": 768, "diskSizeMB": 96, "pidsMax": 200, "openFiles": 3000})
-		if s := seen(t, sb, ""); s.procs != "200/200" || s.files != "3000/3000" || s.diskMB != 96 || s.memKB != 768<<10 {
+		if s := seen(t, sb, ""); s.procs != "200/200" || s.files != "3000/3000" || s.diskMB != 96 || s.shmMB != 48 || s.memKB != 768<<10 {
 			t.Errorf("inside: %+v", s)
 		}
 		r = call(t, "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "memoryMB": 1024, "pidsMax": 300})

@@ -70,8 +70,10 @@ const knownLimits = `
   once and reports; nothing else is affected.
 - A sandbox that exceeds its memory limit is ended whole by the host's OOM
   killer (gVisor has no in-sandbox OOM killer); the daemon reports
-  "it exceeded its memory limit". /tmp and /dev/shm are gVisor tmpfs
-  mounts that ignore a size, so filling them ends the sandbox the same way.
+  "it exceeded its memory limit". The root filesystem (/tmp included) and
+  /dev/shm live in sandbox memory: with a disk size (plus half of it for
+  /dev/shm) above the memory limit, filling them ends the sandbox the same
+  way instead of failing with ENOSPC.
 - Domain rules hold for HTTP on port 80 (Host) and TLS on port 443 (SNI),
   as in E2B; other ports, and QUIC (UDP), follow the address rules only.
   The proxy connects to what an allowed name resolves to, but that server

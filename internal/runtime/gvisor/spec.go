@@ -1,6 +1,8 @@
 package gvisor
 
 import (
+	"fmt"
+
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
@@ -106,6 +108,18 @@ const cpuPeriod = 100000 // µs
 // it.
 func hostPids(pidsMax int) int64 { return int64(4*pidsMax + 1024) }
 
+// shmMount is /dev/shm: a tmpfs in sandbox memory, like the root overlay,
+// of half the disk size (as Linux sizes a tmpfs at half of RAM), so that
+// filling both stays within a memory limit twice the disk size. gVisor
+// honours size= on a tmpfs the spec names (not on the /tmp it adds).
+func shmMount(diskMB int) ociMount {
+	m := ociMount{Destination: "/dev/shm", Type: "tmpfs", Source: "shm"}
+	if diskMB > 0 {
+		m.Options = []string{fmt.Sprintf("size=%dm", max(diskMB/2, 1))}
+	}
+	return m
+}
+
 func ociSpec(s sandbox.Spec, cgroupsPath string) ociConfig {
 	rl := s.Limits.Over(s.InitRlimits)
 	return ociConfig{
@@ -129,7 +143,7 @@ func ociSpec(s sandbox.Spec, cgroupsPath string) ociConfig {
 			{Destination: "/proc", Type: "proc", Source: "proc"},
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs"},
 			{Destination: "/dev/pts", Type: "devpts", Source: "devpts"},
-			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm"},
+			shmMount(s.Limits.DiskMB),
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"ro", "nosuid", "noexec", "nodev"}},
 		},
 		Linux: ociLinux{
