@@ -170,6 +170,32 @@ class CreatedSandbox:
     boot_mode: str | None = None
 
 
+@dataclass(frozen=True)
+class Limits:
+    """The limits a create asks for (None: the template's or snapshot's)."""
+
+    cpu_count: int | None = None
+    memory_mb: int | None = None
+    disk_size_mb: int | None = None
+    pids_max: int | None = None
+    open_files: int | None = None
+
+    def to_json(self) -> dict[str, int]:
+        """The create body's keys for the limits that are set. Validation
+        (bounds, zero) is the daemon's, which answers 400 naming the key."""
+        keys = {"cpu_count": "cpuCount", "memory_mb": "memoryMB", "disk_size_mb": "diskSizeMB",
+                "pids_max": "pidsMax", "open_files": "openFiles"}
+        out: dict[str, int] = {}
+        for attr, key in keys.items():
+            value = getattr(self, attr)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{attr} must be an int, not {value!r}")
+            out[key] = value
+        return out
+
+
 def snapshot_id_of(snapshot: SnapshotRef) -> str:
     """The id (or name) to send for a snapshot argument."""
     if isinstance(snapshot, SnapshotNode):
@@ -209,6 +235,7 @@ class ApiCore:
         metadata: Mapping[str, str] | None,
         snapshot: SnapshotRef | None,
         request_timeout: float | None,
+        limits: Limits | None = None,
     ) -> RequestSpec:
         body: dict[str, Any] = {
             # A snapshot is addressed like a template (as in E2B).
@@ -218,6 +245,8 @@ class ApiCore:
         }
         if timeout is not None:
             body["timeout"] = int(timeout)
+        if limits is not None:
+            body.update(limits.to_json())
         return RequestSpec(
             "POST", "/v2/sandboxes", self.control_headers(), json=body,
             timeout=self.timeout(request_timeout),

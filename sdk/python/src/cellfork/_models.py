@@ -54,6 +54,10 @@ class SandboxInfo:
     snapshot_id: str | None = None
     #: what happens at the timeout: "kill" or "pause"
     on_timeout: str | None = None
+    #: processes per user and open files per process inside the sandbox
+    #: (cellfork extensions; None when the daemon does not say)
+    pids_max: int | None = None
+    open_files: int | None = None
 
     @classmethod
     def from_json(cls, data: Any) -> "SandboxInfo":
@@ -74,6 +78,8 @@ class SandboxInfo:
             parent_sandbox_id=obj.get("parentSandboxID") or None,
             snapshot_id=obj.get("snapshotID") or None,
             on_timeout=_lifecycle_on_timeout(obj.get("lifecycle")),
+            pids_max=obj.get("pidsMax"),
+            open_files=obj.get("openFiles"),
         )
 
 

@@ -16,6 +16,7 @@ from ._config import (
 )
 from ._core import (
     ApiCore,
+    Limits,
     RequestSpec,
     SandboxCore,
     check_stream_content_type,
@@ -106,6 +107,11 @@ class Sandbox:
         metadata: Mapping[str, str] | None = None,
         snapshot: SnapshotRef | None = None,
         *,
+        cpu_count: int | None = None,
+        memory_mb: int | None = None,
+        disk_size_mb: int | None = None,
+        pids_max: int | None = None,
+        open_files: int | None = None,
         base_url: str | None = None,
         api_key: str | None = None,
         request_timeout: float | None = None,
@@ -115,11 +121,22 @@ class Sandbox:
         """Start a sandbox from ``template`` (or from ``snapshot``: an id,
         a name or a :class:`SnapshotInfo`, restoring its exact state: memory,
         processes, files) that lives ``timeout`` seconds unless extended
-        with :meth:`set_timeout`."""
+        with :meth:`set_timeout`.
+
+        Limits (cellfork extensions; None = the template's default, or the
+        snapshot's): ``cpu_count`` CPUs, ``memory_mb`` memory,
+        ``disk_size_mb`` writable disk (``/tmp`` included; writes past it
+        fail with ENOSPC), ``pids_max`` processes per user, ``open_files``
+        open files per process. A value past the daemon's bounds raises
+        :class:`InvalidArgumentError`; a sandbox from a snapshot keeps its
+        disk size and at most its process and open-file limits.
+        :meth:`get_info` reports the values in force."""
         config = resolve_config(base_url=base_url, api_key=api_key, request_timeout=request_timeout,
                                 max_retries=max_retries, transport=transport)
         api = ApiCore(config)
-        spec = api.create_request(template, timeout, envs, metadata, snapshot, request_timeout)
+        limits = Limits(cpu_count=cpu_count, memory_mb=memory_mb, disk_size_mb=disk_size_mb,
+                        pids_max=pids_max, open_files=open_files)
+        spec = api.create_request(template, timeout, envs, metadata, snapshot, request_timeout, limits)
         return cls._open(api, spec)
 
     @classmethod

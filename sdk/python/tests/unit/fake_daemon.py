@@ -13,6 +13,9 @@ from typing import Any, AsyncIterator, Iterator
 
 import httpx
 
+# The create body's limit keys (cellfork extensions).
+LIMITS = ("cpuCount", "memoryMB", "diskSizeMB", "pidsMax", "openFiles")
+
 API_KEY = "test-key"
 TOKEN = "envd-token"
 
@@ -97,8 +100,12 @@ class FakeDaemon:
         if method == "POST" and parts == ["v2", "sandboxes"]:
             body = json.loads(request.content)
             snap = self._find_snapshot(body["templateID"])
+            limits = {k: body[k] for k in LIMITS if k in body}
+            if any(not isinstance(v, int) or v <= 0 for v in limits.values()):
+                return _json(400, {"code": 400, "message": "limits must be positive integers"})
             sid = self._new_sandbox(body["templateID"], body["metadata"], body.get("timeout"),
                                     "restore" if snap else "pool")
+            self.sandboxes[sid]["limits"] = limits
             if snap:
                 self.sandboxes[sid]["base"] = snap["snapshotID"]
             return _json(201, self._sandbox(sid))
@@ -233,11 +240,12 @@ class FakeDaemon:
         sb = self.sandboxes[sid]
         detail = self._sandbox(sid) | {
             "startedAt": "2026-01-02T03:04:05.123456789Z", "endAt": "2026-01-02T03:09:05Z",
-            "cpuCount": 2, "memoryMB": 512, "diskSizeMB": 1024,
+            "cpuCount": 2, "memoryMB": 512, "diskSizeMB": 1024, "pidsMax": 512, "openFiles": 65536,
             "state": "paused" if sb.get("paused") else "running",
             "metadata": sb["metadata"],
             "lifecycle": {"autoResume": False, "onTimeout": "kill"},
         }
+        detail |= sb.get("limits") or {}
         if sb.get("parent"):
             detail["parentSandboxID"] = sb["parent"]
         if sb.get("base"):

@@ -18,6 +18,7 @@ from cellfork import (
     CommandHandle,
     Commands,
     Files,
+    InvalidArgumentError,
     NotFoundError,
     ProtocolError,
     Sandbox,
@@ -79,6 +80,29 @@ def test_sync_lifecycle(daemon):
         other.close()
     assert daemon.requests[-1].method == "DELETE"
     assert "sbx1" not in daemon.sandboxes
+
+
+def test_sync_create_with_limits(daemon):
+    with Sandbox.create(cpu_count=1, disk_size_mb=256, pids_max=100, open_files=1000, **_kw(daemon)) as sb:
+        assert json.loads(daemon.requests[0].content) == {
+            "templateID": "base", "timeout": 300, "metadata": {}, "envVars": {},
+            "cpuCount": 1, "diskSizeMB": 256, "pidsMax": 100, "openFiles": 1000}
+        info = sb.get_info()
+        assert (info.cpu_count, info.memory_mb, info.disk_size_mb, info.pids_max, info.open_files) == (
+            1, 512, 256, 100, 1000)
+    with pytest.raises(InvalidArgumentError) as err:
+        Sandbox.create(pids_max=0, **_kw(daemon))
+    assert err.value.status_code == 400
+
+
+async def test_async_create_with_limits(daemon):
+    sb = await AsyncSandbox.create(memory_mb=2048, open_files=4096, **_kw(daemon))
+    try:
+        info = await sb.get_info()
+        assert (info.memory_mb, info.open_files, info.pids_max) == (2048, 4096, 512)
+    finally:
+        await sb.kill()
+        await sb.close()
 
 
 def test_sync_kill_twice_and_missing_sandbox(daemon):

@@ -10,6 +10,7 @@ import pytest
 from cellfork._config import DEFAULT_URL, resolve_config
 from cellfork._core import (
     ApiCore,
+    Limits,
     CreatedSandbox,
     RequestSpec,
     RetryPolicy,
@@ -59,6 +60,21 @@ def test_create_request():
     assert not spec.idempotent
     snap = api.create_request("base", None, None, None, "snap-1", None)
     assert snap.json == {"templateID": "snap-1", "metadata": {}, "envVars": {}}
+
+
+def test_create_request_limits():
+    api = ApiCore(resolve_config(base_url="http://d:1"))
+    spec = api.create_request("base", None, None, None, None, None,
+                              Limits(cpu_count=2, memory_mb=512, disk_size_mb=256, pids_max=100, open_files=1000))
+    assert spec.json == {"templateID": "base", "metadata": {}, "envVars": {}, "cpuCount": 2, "memoryMB": 512,
+                         "diskSizeMB": 256, "pidsMax": 100, "openFiles": 1000}
+    # Unset limits are left out (the daemon's defaults apply); zero is sent
+    # as is, for the daemon to refuse.
+    assert Limits(pids_max=0).to_json() == {"pidsMax": 0}
+    assert Limits().to_json() == {}
+    for bad in ("2", 2.0, True):
+        with pytest.raises(TypeError):
+            Limits(cpu_count=bad).to_json()
 
 
 def test_control_plane_paths_and_policies():
