@@ -35,12 +35,18 @@ func (a *app) sandbox(ctx context.Context, args []string) error {
 	return &usageError{msg: fmt.Sprintf("unknown sandbox subcommand %q", rest[0]), usage: usageSandbox}
 }
 
-// createRequest is NewSandboxV2 (spec §2.4.1).
+// createRequest is NewSandboxV2 (spec §2.4.1) plus cellfork's limits
+// (sent only when given; the daemon checks them).
 type createRequest struct {
 	TemplateID string            `json:"templateID"`
 	Timeout    int               `json:"timeout"`
 	Metadata   map[string]string `json:"metadata"`
 	EnvVars    map[string]string `json:"envVars"`
+	CPUCount   *int              `json:"cpuCount,omitempty"`
+	MemoryMB   *int              `json:"memoryMB,omitempty"`
+	DiskSizeMB *int              `json:"diskSizeMB,omitempty"`
+	PidsMax    *int              `json:"pidsMax,omitempty"`
+	OpenFiles  *int              `json:"openFiles,omitempty"`
 }
 
 func (a *app) sandboxCreate(ctx context.Context, args []string) error {
@@ -51,6 +57,10 @@ func (a *app) sandboxCreate(ctx context.Context, args []string) error {
 	timeout := fs.Int("timeout", 300, "")
 	fs.Var(&env, "env", "")
 	fs.Var(&meta, "metadata", "")
+	limits := map[string]*int{"cpus": nil, "memory-mb": nil, "disk-mb": nil, "pids-max": nil, "open-files": nil}
+	for name := range limits {
+		limits[name] = fs.Int(name, 0, "")
+	}
 	if err := parseNoArgs(fs, args, usageCreate); err != nil {
 		return err
 	}
@@ -58,6 +68,12 @@ func (a *app) sandboxCreate(ctx context.Context, args []string) error {
 	// snapshot's id or name as templateID.
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	given := func(name string) *int {
+		if set[name] {
+			return limits[name]
+		}
+		return nil
+	}
 	if set["snapshot"] {
 		if set["template"] {
 			return &usageError{msg: "--template and --snapshot are mutually exclusive", usage: usageCreate}
@@ -74,7 +90,9 @@ func (a *app) sandboxCreate(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	req := createRequest{TemplateID: *template, Timeout: *timeout, Metadata: meta.orEmpty(), EnvVars: env.orEmpty()}
+	req := createRequest{TemplateID: *template, Timeout: *timeout, Metadata: meta.orEmpty(), EnvVars: env.orEmpty(),
+		CPUCount: given("cpus"), MemoryMB: given("memory-mb"), DiskSizeMB: given("disk-mb"),
+		PidsMax: given("pids-max"), OpenFiles: given("open-files")}
 	var raw json.RawMessage
 	if _, err := c.do(ctx, http.MethodPost, "/v2/sandboxes", nil, req, &raw); err != nil {
 		return err

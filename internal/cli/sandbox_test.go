@@ -29,6 +29,24 @@ func TestSandboxCreate(t *testing.T) {
 	}
 }
 
+func TestSandboxCreateLimits(t *testing.T) {
+	d := newFakeDaemon(t)
+	code, _, errOut := d.run(context.Background(), "", "sandbox", "create", "--cpus", "2", "--memory-mb", "2048",
+		"--disk-mb", "1024", "--pids-max", "100", "--open-files", "0")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	// Only the limits given are sent, as given (0 too: the daemon refuses it).
+	want := `{"templateID":"base","timeout":300,"metadata":{},"envVars":{},"cpuCount":2,"memoryMB":2048,"diskSizeMB":1024,"pidsMax":100,"openFiles":0}`
+	if r := d.last("POST", "/v2/sandboxes"); r.Body != want {
+		t.Errorf("body %s, want %s", r.Body, want)
+	}
+	d.run(context.Background(), "", "sandbox", "create", "--pids-max", "64")
+	if r := d.last("POST", "/v2/sandboxes"); r.Body != `{"templateID":"base","timeout":300,"metadata":{},"envVars":{},"pidsMax":64}` {
+		t.Errorf("body %s", r.Body)
+	}
+}
+
 func TestSandboxCreateDefaultsAndJSON(t *testing.T) {
 	d := newFakeDaemon(t)
 	code, out, _ := d.run(context.Background(), "", "--json", "sandbox", "create")

@@ -33,6 +33,7 @@ Commands:
 const usageSandbox = `Usage: cellfork sandbox <create|list|kill> [flags]
 
   create [--template base|--snapshot SNAP] [--timeout 300] [--env K=V]... [--metadata K=V]...
+         [--cpus N] [--memory-mb N] [--disk-mb N] [--pids-max N] [--open-files N]
   list   [--state running,paused] [--metadata K=V]...
   kill   ID...
 
@@ -48,6 +49,15 @@ including bootMode: pool, restore, boot or fork).
   --timeout SECS    seconds until the sandbox times out (default 300)
   --env K=V         environment variable for the sandbox (repeatable)
   --metadata K=V    metadata to attach (repeatable)
+
+Limits (default: the template's, or the snapshot's; the daemon refuses
+values past its maximums, and a snapshot's disk size or more processes or
+open files than it had):
+  --cpus N          CPUs
+  --memory-mb N     memory, MiB
+  --disk-mb N       writable disk (/tmp included), MiB; past it, ENOSPC
+  --pids-max N      processes per user inside the sandbox
+  --open-files N    open files per process
 
 ` + globalFlags
 
