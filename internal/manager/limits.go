@@ -17,9 +17,9 @@ import (
 //     CPUs and memory it was started with; otherwise the image is restored
 //     into a new sandbox of the right size.
 //   - The disk (the root overlay and /dev/shm, both in sandbox memory) is
-//     sized when a sandbox boots and is then frozen in every image taken of
-//     it. A template create asking for another size than the template's
-//     boots; a snapshot's sandboxes keep the snapshot's size.
+//     sized when a sandbox boots and then frozen in every image of it. A
+//     template create asking for another size than the template's boots;
+//     a snapshot's sandboxes keep the snapshot's size.
 //   - Processes and open files are per-process limits, also frozen in
 //     images. Images of templates are booted with the daemon's maximums;
 //     at hand-off the agent sets the sandbox's limits on itself (its
