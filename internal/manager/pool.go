@@ -121,6 +121,9 @@ func (p *pool) run() {
 	}
 }
 
+// fillTimeout bounds how long the pool waits for one box to come up.
+const fillTimeout = 30 * time.Second
+
 // fillOne adds one ready sandbox or shell; false when there is nothing to
 // do, no slot is free, or it failed (the next tick retries).
 func (p *pool) fillOne() bool {
@@ -133,7 +136,17 @@ func (p *pool) fillOne() bool {
 		return false
 	}
 	defer release()
-	ctx := context.Background()
+	// A box that does not come up in time is given up on: the fill loop
+	// (and the daemon's shutdown, which waits for it) never hangs on one.
+	ctx, cancel := context.WithTimeout(context.Background(), fillTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	if name != "" {
 		lim := p.m.templateLimits(name)
 		b, err := p.m.restoreBox(ctx, w.image, w.rootfs, lim)
@@ -152,7 +165,7 @@ func (p *pool) fillOne() bool {
 	b, err := p.m.prepareBox(ctx, p.shellRootfs, p.shellLimits)
 	if err == nil {
 		if err = p.m.applyPolicy(b, sandbox.DefaultNetwork); err != nil {
-			p.m.destroyBox(ctx, b)
+			p.m.destroyBox(context.WithoutCancel(ctx), b)
 		}
 	}
 	if err != nil {
@@ -167,18 +180,21 @@ func (p *pool) fillOne() bool {
 // ask for those), and a kept-alive connection to the agent.
 func (m *Manager) readyForHandOff(ctx context.Context, b *box, lim sandbox.Limits) error {
 	if err := m.applyPolicy(b, sandbox.DefaultNetwork); err != nil {
-		m.destroyBox(ctx, b)
+		m.destroyBox(context.WithoutCancel(ctx), b)
 		return err
 	}
 	if err := m.applyRlimits(ctx, b, nil, lim); err != nil {
-		m.destroyBox(ctx, b)
+		m.destroyBox(context.WithoutCancel(ctx), b)
 		return err
 	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://sandbox:%d/health", EnvdPort), nil)
-	if resp, err := b.transport.RoundTrip(req); err == nil {
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+	resp, err := b.transport.RoundTrip(req)
+	if err != nil {
+		m.destroyBox(context.WithoutCancel(ctx), b)
+		return fmt.Errorf("the agent of a pooled sandbox does not answer: %w", err)
 	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
 	return nil
 }
 
