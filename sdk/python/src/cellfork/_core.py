@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 import random
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 from urllib.parse import quote, urlencode
 
 import httpx
@@ -38,6 +38,7 @@ from ._exceptions import (
 from ._models import (
     Context,
     EntryInfo,
+    NetworkStatus,
     SandboxInfo,
     SnapshotInfo,
     SnapshotNode,
@@ -196,6 +197,39 @@ class Limits:
         return out
 
 
+@dataclass(frozen=True)
+class Network:
+    """An egress policy (E2B's ``network``). None leaves the daemon's
+    default: internet on, no rules, ports public."""
+
+    allow_internet_access: bool | None = None
+    #: IPv4 addresses, CIDRs and domain names ("example.com",
+    #: "*.example.com"); an allow wins over a deny
+    allow_out: Sequence[str] | None = None
+    #: IPv4 addresses and CIDRs; "0.0.0.0/0" denies all but allow_out
+    deny_out: Sequence[str] | None = None
+    #: False: the sandbox's ports need its traffic access token (create only)
+    allow_public_traffic: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The create body's keys for what is set (the daemon validates)."""
+        out: dict[str, Any] = {}
+        if self.allow_internet_access is not None:
+            out["allow_internet_access"] = bool(self.allow_internet_access)
+        net: dict[str, Any] = {}
+        for attr, key in (("allow_out", "allowOut"), ("deny_out", "denyOut")):
+            value = getattr(self, attr)
+            if value is not None:
+                if isinstance(value, str):
+                    raise TypeError(f"{attr} must be a list of strings, not a string")
+                net[key] = [str(v) for v in value]
+        if self.allow_public_traffic is not None:
+            net["allowPublicTraffic"] = bool(self.allow_public_traffic)
+        if net:
+            out["network"] = net
+        return out
+
+
 def snapshot_id_of(snapshot: SnapshotRef) -> str:
     """The id (or name) to send for a snapshot argument."""
     if isinstance(snapshot, SnapshotNode):
@@ -236,6 +270,7 @@ class ApiCore:
         snapshot: SnapshotRef | None,
         request_timeout: float | None,
         limits: Limits | None = None,
+        network: Network | None = None,
     ) -> RequestSpec:
         body: dict[str, Any] = {
             # A snapshot is addressed like a template (as in E2B).
@@ -247,6 +282,8 @@ class ApiCore:
             body["timeout"] = int(timeout)
         if limits is not None:
             body.update(limits.to_json())
+        if network is not None:
+            body.update(network.to_json())
         return RequestSpec(
             "POST", "/v2/sandboxes", self.control_headers(), json=body,
             timeout=self.timeout(request_timeout),
@@ -392,6 +429,10 @@ def parse_list(response: httpx.Response) -> tuple[list[SandboxInfo], str | None]
     return [SandboxInfo.from_json(item) for item in data], response.headers.get("x-next-token") or None
 
 
+def parse_network(response: httpx.Response) -> NetworkStatus:
+    return NetworkStatus.from_json(parse_json_body(response.content, "network status"))
+
+
 def parse_info(response: httpx.Response) -> SandboxInfo:
     return SandboxInfo.from_json(parse_json_body(response.content, "sandbox"))
 
@@ -428,6 +469,21 @@ class SandboxCore(ApiCore):
             "POST", f"/sandboxes/{_seg(self.sandbox_id)}/timeout", self.control_headers(),
             json={"timeout": int(seconds)}, timeout=self.timeout(request_timeout),
             sandbox_lookup=True,
+        )
+
+    def update_network_request(self, network: Network, request_timeout: float | None) -> RequestSpec:
+        body = network.to_json()
+        body.update(body.pop("network", {}))
+        body.pop("allowPublicTraffic", None)  # set at create only
+        return RequestSpec(
+            "PUT", f"/sandboxes/{_seg(self.sandbox_id)}/network", self.control_headers(),
+            json=body, timeout=self.timeout(request_timeout), sandbox_lookup=True,
+        )
+
+    def network_request(self, request_timeout: float | None) -> RequestSpec:
+        return RequestSpec(
+            "GET", f"/sandboxes/{_seg(self.sandbox_id)}/network", self.control_headers(),
+            timeout=self.timeout(request_timeout), sandbox_lookup=True,
         )
 
     # --- lineage -----------------------------------------------------------

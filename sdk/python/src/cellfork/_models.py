@@ -84,6 +84,30 @@ class SandboxInfo:
 
 
 @dataclass
+class NetworkStatus:
+    """A sandbox's egress policy, and how many connection attempts it
+    refused (``sb.network()``)."""
+
+    allow_internet_access: bool
+    allow_out: list[str] = field(default_factory=list)
+    deny_out: list[str] = field(default_factory=list)
+    allow_public_traffic: bool = True
+    denied_connections: int = 0
+
+    @classmethod
+    def from_json(cls, data: Any) -> "NetworkStatus":
+        obj = _require_object(data, "network status")
+        net = obj.get("network") or {}
+        return cls(
+            allow_internet_access=bool(obj.get("allowInternetAccess")),
+            allow_out=list(net.get("allowOut") or []),
+            deny_out=list(net.get("denyOut") or []),
+            allow_public_traffic=bool(net.get("allowPublicTraffic", True)),
+            denied_connections=int(obj.get("deniedConnections") or 0),
+        )
+
+
+@dataclass
 class SnapshotInfo:
     """A saved sandbox state (memory, processes, files). Start sandboxes
     from it with ``Sandbox.create(snapshot=...)`` or roll a sandbox of its

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Literal, Mapping, overload
+from typing import Any, Callable, Literal, Mapping, Sequence, overload
 
 from ._config import (
     DEFAULT_COMMAND_TIMEOUT,
@@ -17,6 +17,7 @@ from ._config import (
 from ._core import (
     ApiCore,
     Limits,
+    Network,
     RequestSpec,
     SandboxCore,
     check_stream_content_type,
@@ -27,6 +28,7 @@ from ._core import (
     parse_fork,
     parse_found,
     parse_healthy,
+    parse_network,
     parse_info,
     parse_list,
     parse_paused,
@@ -45,6 +47,7 @@ from ._models import (
     EntryInfo,
     Execution,
     ExecutionError,
+    NetworkStatus,
     Result,
     SandboxInfo,
     SnapshotInfo,
@@ -112,6 +115,10 @@ class Sandbox:
         disk_size_mb: int | None = None,
         pids_max: int | None = None,
         open_files: int | None = None,
+        allow_internet_access: bool | None = None,
+        allow_out: Sequence[str] | None = None,
+        deny_out: Sequence[str] | None = None,
+        allow_public_traffic: bool | None = None,
         base_url: str | None = None,
         api_key: str | None = None,
         request_timeout: float | None = None,
@@ -130,13 +137,22 @@ class Sandbox:
         open files per process. A value past the daemon's bounds raises
         :class:`InvalidArgumentError`; a sandbox from a snapshot keeps its
         disk size and at most its process and open-file limits.
-        :meth:`get_info` reports the values in force."""
+        :meth:`get_info` reports the values in force.
+
+        Egress (E2B's ``allow_internet_access`` and ``network``):
+        ``allow_out`` IPv4 addresses, CIDRs and domain names
+        (``"example.com"``, ``"*.example.com"``; held on HTTP Host and TLS
+        SNI), ``deny_out`` addresses and CIDRs (``"0.0.0.0/0"``: all but
+        ``allow_out``); an allow wins over a deny. ``allow_public_traffic=
+        False`` puts the sandbox's ports behind its traffic token."""
         config = resolve_config(base_url=base_url, api_key=api_key, request_timeout=request_timeout,
                                 max_retries=max_retries, transport=transport)
         api = ApiCore(config)
         limits = Limits(cpu_count=cpu_count, memory_mb=memory_mb, disk_size_mb=disk_size_mb,
                         pids_max=pids_max, open_files=open_files)
-        spec = api.create_request(template, timeout, envs, metadata, snapshot, request_timeout, limits)
+        network = Network(allow_internet_access=allow_internet_access, allow_out=allow_out,
+                          deny_out=deny_out, allow_public_traffic=allow_public_traffic)
+        spec = api.create_request(template, timeout, envs, metadata, snapshot, request_timeout, limits, network)
         return cls._open(api, spec)
 
     @classmethod
@@ -310,6 +326,24 @@ class Sandbox:
     def set_timeout(self, seconds: int, *, request_timeout: float | None = None) -> None:
         """Make the sandbox live ``seconds`` from now."""
         self._http.request(self._core.set_timeout_request(seconds, request_timeout))
+
+    def update_network(
+        self,
+        *,
+        allow_internet_access: bool = True,
+        allow_out: Sequence[str] | None = None,
+        deny_out: Sequence[str] | None = None,
+        request_timeout: float | None = None,
+    ) -> None:
+        """Replace the sandbox's egress policy at once (what is not given is
+        cleared, as E2B's ``update_network`` does); it applies to a running
+        or paused sandbox and follows it through snapshot, fork and pause."""
+        net = Network(allow_internet_access=allow_internet_access, allow_out=allow_out or [], deny_out=deny_out or [])
+        self._http.request(self._core.update_network_request(net, request_timeout))
+
+    def network(self, *, request_timeout: float | None = None) -> NetworkStatus:
+        """The egress policy and how many connection attempts it refused."""
+        return parse_network(self._http.request(self._core.network_request(request_timeout)))
 
     def get_info(self, *, request_timeout: float | None = None) -> SandboxInfo:
         return parse_info(self._http.request(self._core.info_request(request_timeout)))
