@@ -7,6 +7,8 @@ import (
 	"flag"
 	"log"
 	"net/http"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/agent"
@@ -17,8 +19,15 @@ import (
 func main() {
 	envdAddr := flag.String("envd-addr", ":49983", "envd listen address")
 	codeAddr := flag.String("code-addr", ":49999", "code interpreter listen address")
-	kernel := flag.String("kernel", "/opt/cellfork/kernel.py", "python kernel helper")
+	kernel := flag.String("kernel", "", "python kernel helper (default: kernel.py beside this executable)")
 	flag.Parse()
+	if *kernel == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			log.Fatal(err)
+		}
+		*kernel = filepath.Join(filepath.Dir(exe), "kernel.py")
+	}
 	if err := agent.DropResourceCapFromChildren(); err != nil {
 		log.Fatal(err) // what it runs would get the capability
 	}

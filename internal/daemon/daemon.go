@@ -154,12 +154,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	if _, err := tpl.Rootfs(ctx, "base", out); err != nil {
 		return err
 	}
+	agentPath, err := tpl.AgentPath()
+	if err != nil {
+		return err
+	}
 	m := manager.New(manager.Config{
 		DataDir: cfg.DataDir, DefaultLimits: cfg.DefaultLimits, MaxLimits: cfg.MaxLimits, TemplateLimits: tlimits,
 		DefaultTimeout: cfg.DefaultTimeout, MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
 		PoolReady: cfg.PoolReady, PoolShells: cfg.PoolShells, StartConcurrency: cfg.StartConcurrency,
 		StartQueue: cfg.StartQueue, StartWait: cfg.StartWait, SnapshotCapBytes: cfg.SnapshotCapBytes,
-		MaxFork: cfg.MaxFork, SpillAfter: cfg.SpillAfter, DNS: cfg.DNS,
+		MaxFork: cfg.MaxFork, SpillAfter: cfg.SpillAfter, DNS: cfg.DNS, AgentPath: agentPath,
 	}, rt, st, tpl, log)
 	if err := m.Reconcile(ctx); err != nil {
 		log.Warn("reconcile incomplete", "err", err)

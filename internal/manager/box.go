@@ -13,7 +13,6 @@ import (
 
 	"github.com/cellfork/cellfork/internal/netns"
 	"github.com/cellfork/cellfork/internal/sandbox"
-	"github.com/cellfork/cellfork/internal/template"
 	"github.com/cellfork/cellfork/internal/timing"
 )
 
@@ -77,7 +76,7 @@ func (m *Manager) spec(b *box, extraEnv ...string) sandbox.Spec {
 		RuntimeID:   b.rid,
 		BundleDir:   m.bundleDir(b.rid),
 		Rootfs:      b.rootfs,
-		Args:        []string{template.AgentDir + "/cellfork-agent"},
+		Args:        []string{m.cfg.AgentPath},
 		Env:         append(agentEnv(), extraEnv...),
 		NetnsPath:   b.net.SandboxPath(),
 		Limits:      b.limits,

@@ -59,6 +59,9 @@ type Config struct {
 	// much disk (0 = no cap). MaxFork bounds fork's count.
 	SnapshotCapBytes int64
 	MaxFork          int
+	// AgentPath is the agent's executable inside sandboxes (per version:
+	// template.Registry.AgentPath).
+	AgentPath string
 	// DNS are the upstream resolvers (host:port) that answer for the
 	// sandboxes' resolvers.
 	DNS []string

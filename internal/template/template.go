@@ -4,10 +4,10 @@
 package template
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -33,7 +33,8 @@ var aliases = map[string]string{
 // AgentFiles are the files installed into every rootfs under /opt/cellfork.
 var AgentFiles = []string{"cellfork-agent", "kernel.py"}
 
-// AgentDir is where the agent lives inside a sandbox.
+// AgentDir holds the agent inside a sandbox, one directory per agent
+// version (AgentPath).
 const AgentDir = "/opt/cellfork"
 
 // Registry knows the built-in templates. Safe for concurrent use.
@@ -117,15 +118,12 @@ func Preimport(name string) []string {
 // (boot: the caller's description of what else the image freezes). Changing
 // any makes a new warm image; the rootfs is not rebuilt.
 func (r *Registry) WarmKey(name, boot string) (string, error) {
-	h := sha256.New()
-	for _, f := range AgentFiles {
-		b, err := os.ReadFile(filepath.Join(r.agentDir, f))
-		if err != nil {
-			return "", fmt.Errorf("agent file missing (run `make build`): %w", err)
-		}
-		h.Write(b)
+	v, err := r.agentVersion()
+	if err != nil {
+		return "", err
 	}
-	fmt.Fprintf(h, "%q %s", Preimport(name), boot)
+	h := sha256.New()
+	fmt.Fprintf(h, "%s %q %s", v, Preimport(name), boot)
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
@@ -206,33 +204,67 @@ func (r *Registry) prune(dir, keep string, progress io.Writer) {
 // past it fail with ENOSPC).
 const TmpMarker = "tmp/.cellfork"
 
-// installAgent copies the agent files into rootfs/opt/cellfork when they
-// differ, by rename so running sandboxes keep the inode they opened, and
-// puts TmpMarker in place.
+// agentVersion is the hash of the agent files.
+func (r *Registry) agentVersion() (string, error) {
+	h := sha256.New()
+	for _, f := range AgentFiles {
+		b, err := os.ReadFile(filepath.Join(r.agentDir, f))
+		if err != nil {
+			return "", fmt.Errorf("agent file missing (run `make build`): %w", err)
+		}
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// AgentPath is the agent's executable inside a sandbox:
+// /opt/cellfork/<version>/cellfork-agent. Each version has its own
+// directory, never rewritten, so daemons of different versions can share a
+// rootfs: a checkpoint restores against the very files it was taken with.
+func (r *Registry) AgentPath() (string, error) {
+	v, err := r.agentVersion()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(AgentDir, v, "cellfork-agent"), nil
+}
+
+// installAgent puts this version's agent files in the rootfs (once:
+// written beside, then renamed into place) and TmpMarker in /tmp.
 func (r *Registry) installAgent(rootfs string) error {
 	if err := keepTmpOnRoot(rootfs); err != nil {
 		return err
 	}
-	dst := filepath.Join(rootfs, AgentDir)
-	if err := os.MkdirAll(dst, 0o755); err != nil {
+	p, err := r.AgentPath()
+	if err != nil {
+		return err
+	}
+	dst := filepath.Join(rootfs, filepath.Dir(p))
+	if _, err := os.Stat(dst); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Join(rootfs, AgentDir), 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(filepath.Join(rootfs, AgentDir), ".install-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.Chmod(tmp, 0o755); err != nil {
 		return err
 	}
 	for _, f := range AgentFiles {
-		want, err := os.ReadFile(filepath.Join(r.agentDir, f))
+		b, err := os.ReadFile(filepath.Join(r.agentDir, f))
 		if err != nil {
 			return fmt.Errorf("agent file missing (run `make build`): %w", err)
 		}
-		have, _ := os.ReadFile(filepath.Join(dst, f))
-		if bytes.Equal(want, have) {
-			continue
-		}
-		tmp := filepath.Join(dst, "."+f+".tmp")
-		if err := os.WriteFile(tmp, want, 0o755); err != nil {
+		if err := os.WriteFile(filepath.Join(tmp, f), b, 0o755); err != nil {
 			return err
 		}
-		if err := os.Rename(tmp, filepath.Join(dst, f)); err != nil {
-			return err
-		}
+	}
+	if err := os.Rename(tmp, dst); err != nil && !os.IsExist(err) && !errors.Is(err, syscall.ENOTEMPTY) {
+		return err
 	}
 	return nil
 }

@@ -72,3 +72,46 @@ func TestPruneAfterRelease(t *testing.T) {
 		t.Fatal("directory still there")
 	}
 }
+
+// Daemons of different versions sharing a rootfs each get their own agent
+// directory; neither rewrites the other's files (a checkpoint must restore
+// against the files it was taken with).
+func TestAgentVersionsCoexist(t *testing.T) {
+	rootfs := t.TempDir()
+	install := func(content string) string {
+		dir := t.TempDir()
+		for _, f := range AgentFiles {
+			if err := os.WriteFile(filepath.Join(dir, f), []byte(content+f), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r := NewRegistry(t.TempDir(), dir)
+		if err := r.installAgent(rootfs); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.installAgent(rootfs); err != nil { // again: a no-op
+			t.Fatal(err)
+		}
+		p, err := r.AgentPath()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	a, b := install("v1"), install("v2")
+	if a == b || filepath.Dir(a) == filepath.Dir(b) {
+		t.Fatalf("two versions share %s", a)
+	}
+	for p, want := range map[string]string{a: "v1", b: "v2"} {
+		got, err := os.ReadFile(filepath.Join(rootfs, p))
+		if err != nil || string(got) != want+"cellfork-agent" {
+			t.Errorf("%s = %q, %v", p, got, err)
+		}
+		if _, err := os.Stat(filepath.Join(rootfs, filepath.Dir(p), "kernel.py")); err != nil {
+			t.Error(err)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(rootfs, AgentDir, ".install-*")); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}

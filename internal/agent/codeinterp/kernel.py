@@ -1,7 +1,7 @@
 """Stateful Python kernel of the cellfork code interpreter.
 
 One process per code context, started and driven by the Go package
-internal/agent/codeinterp (installed in sandboxes as /opt/cellfork/kernel.py).
+internal/agent/codeinterp (installed in sandboxes beside the agent, /opt/cellfork/<version>/kernel.py).
 
 Protocol, one JSON object per line in each direction:
   fd 3 (in)   commands: {"id": n, "code": str, "env": {..}?, "tmp_env": {..}?}
