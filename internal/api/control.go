@@ -49,8 +49,27 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("PUT /sandboxes/{id}/network", s.updateNetwork)
 	s.mux.HandleFunc("GET /sandboxes/{id}/network", s.getNetwork)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if allow := s.allowedMethods(r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeError(w, requestID(w), http.StatusMethodNotAllowed,
+				fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", ")))
+			return
+		}
 		writeError(w, requestID(w), http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
+}
+
+// allowedMethods lists the methods the routes serve on r's path; none for
+// an unknown path.
+func (s *Server) allowedMethods(r *http.Request) []string {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodDelete} {
+		probe := &http.Request{Method: m, URL: r.URL, Host: r.Host, Header: http.Header{}}
+		if _, pattern := s.mux.Handler(probe); pattern != "" && pattern != "/" {
+			allow = append(allow, m)
+		}
+	}
+	return allow
 }
 
 // maxControlBody bounds control-plane request bodies.
