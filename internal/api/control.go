@@ -363,8 +363,8 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, mustBePau
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	for _, k := range []string{"start", "end"} {
-		if v := q.Get(k); v != "" {
-			if _, err := strconv.ParseInt(v, 10, 64); err != nil {
+		if q.Has(k) {
+			if _, err := strconv.ParseInt(q.Get(k), 10, 64); err != nil {
 				s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "%s must be Unix seconds", k))
 				return
 			}
@@ -455,16 +455,17 @@ func parseListFilter(q url.Values) (*listFilter, error) {
 			f.metadata[key] = val
 		}
 	}
-	if v := q.Get("state"); v != "" {
-		f.states = strings.Split(v, ",")
+	// A typed parameter given empty (?limit=) is invalid, not absent.
+	if q.Has("state") {
+		f.states = strings.Split(q.Get("state"), ",")
 		for _, st := range f.states {
 			if st != "running" && st != "paused" {
 				return nil, errdefs.New(errdefs.ErrInvalidArgument, "state must be running and/or paused, not %q", st)
 			}
 		}
 	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
+	if q.Has("limit") {
+		n, err := strconv.Atoi(q.Get("limit"))
 		if err != nil || n < 1 || n > 1000 {
 			return nil, errdefs.New(errdefs.ErrInvalidArgument, "limit must be between 1 and 1000")
 		}
@@ -480,19 +481,21 @@ func parseListFilter(q url.Values) (*listFilter, error) {
 			return nil, errdefs.New(errdefs.ErrInvalidArgument, "invalid nextToken")
 		}
 	}
-	if v := q.Get("startedAfter"); v != "" {
-		t, err := time.Parse(time.RFC3339Nano, v)
+	if q.Has("startedAfter") {
+		t, err := time.Parse(time.RFC3339Nano, q.Get("startedAfter"))
 		if err != nil {
 			return nil, errdefs.New(errdefs.ErrInvalidArgument, "startedAfter must be an RFC 3339 time")
 		}
 		f.started = t
 	}
-	switch q.Get("order") {
-	case "", "asc":
-	case "desc":
-		f.desc = true
-	default:
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "order must be asc or desc")
+	if q.Has("order") {
+		switch q.Get("order") {
+		case "asc":
+		case "desc":
+			f.desc = true
+		default:
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "order must be asc or desc")
+		}
 	}
 	return f, nil
 }

@@ -81,8 +81,8 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	limit := 100
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
+	if q.Has("limit") { // empty is invalid, not absent
+		n, err := strconv.Atoi(q.Get("limit"))
 		if err != nil || n < 1 || n > 1000 {
 			s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "limit must be between 1 and 1000"))
 			return

@@ -311,6 +311,12 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		{name: "list v1", method: "GET", path: "/sandboxes?state=running", specPath: "/sandboxes", headers: key, want: 200},
 		{name: "list bad limit", method: "GET", path: "/v2/sandboxes?limit=0", specPath: "/v2/sandboxes", headers: key, want: 400},
 		{name: "list bad state", method: "GET", path: "/v2/sandboxes?state=gone", specPath: "/v2/sandboxes", headers: key, want: 400},
+		// A typed parameter given empty is invalid, not absent.
+		{name: "list empty limit", method: "GET", path: "/v2/sandboxes?limit=", specPath: "/v2/sandboxes", headers: key, want: 400},
+		{name: "list empty state", method: "GET", path: "/sandboxes?state=", specPath: "/sandboxes", headers: key, want: 400},
+		{name: "list empty startedAfter", method: "GET", path: "/v2/sandboxes?startedAfter=", specPath: "/v2/sandboxes", headers: key, want: 400},
+		{name: "list empty order", method: "GET", path: "/v2/sandboxes?order=", specPath: "/v2/sandboxes", headers: key, want: 400},
+		{name: "list empty strings", method: "GET", path: "/v2/sandboxes?metadata=&template=&nextToken=", specPath: "/v2/sandboxes", headers: key, want: 200},
 		{name: "create no template", method: "POST", path: "/v2/sandboxes", body: `{}`, headers: key, want: 400},
 		{name: "create malformed", method: "POST", path: "/sandboxes", body: `{`, headers: key, want: 400},
 		// autoPause is accepted: the create gets as far as the template.
@@ -333,6 +339,7 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		{name: "connect unknown", method: "POST", path: "/v2/sandboxes/abc/connect", specPath: "/v2/sandboxes/{id}/connect", body: `{}`, headers: key, want: 404},
 		{name: "connect v1 unknown", method: "POST", path: "/sandboxes/abc/connect", specPath: "/sandboxes/{id}/connect", headers: key, want: 404},
 		{name: "metrics bad start", method: "GET", path: "/sandboxes/abc/metrics?start=x", specPath: "/sandboxes/{id}/metrics", headers: key, want: 400},
+		{name: "metrics empty end", method: "GET", path: "/sandboxes/abc/metrics?end=", specPath: "/sandboxes/{id}/metrics", headers: key, want: 400},
 		{name: "metrics unknown", method: "GET", path: "/sandboxes/abc/metrics", specPath: "/sandboxes/{id}/metrics", headers: key, want: 404},
 		{name: "connect bad timeout", method: "POST", path: "/v2/sandboxes/abc/connect", specPath: "/v2/sandboxes/{id}/connect", body: `{"timeout":99999}`, headers: key, want: 400},
 		{name: "pause unknown", method: "POST", path: "/sandboxes/abc/pause", specPath: "/sandboxes/{id}/pause", body: `{"memory":true}`, headers: key, want: 404},
@@ -349,6 +356,7 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		{name: "list snapshots paged", method: "GET", path: "/snapshots?limit=1", specPath: "/snapshots", headers: key, want: 200, wantHeaders: []string{"X-Next-Token"}},
 		{name: "list snapshots of a sandbox", method: "GET", path: "/snapshots?sandboxID=p2n7c4x9w1q5m8k3z6b0&name=team%2Fchild", specPath: "/snapshots", headers: key, want: 200},
 		{name: "list snapshots bad limit", method: "GET", path: "/snapshots?limit=1001", specPath: "/snapshots", headers: key, want: 400},
+		{name: "list snapshots empty limit", method: "GET", path: "/snapshots?limit=", specPath: "/snapshots", headers: key, want: 400},
 		{name: "list snapshots bad token", method: "GET", path: "/snapshots?nextToken=x", specPath: "/snapshots", headers: key, want: 400},
 		{name: "snapshot usage", method: "GET", path: "/snapshots/usage", headers: key, want: 200},
 		{name: "get snapshot by name", method: "GET", path: "/snapshots/first", specPath: "/snapshots/{snapshotID}", headers: key, want: 200},
