@@ -77,21 +77,36 @@ const maxControlBody = 1 << 20
 
 // decode reads an optional JSON body into v. An empty body leaves v as is.
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	_, err := decodeBody(w, r, v)
+	return err
+}
+
+// decodeRequired reads the JSON body of an operation that needs one.
+func decodeRequired(w http.ResponseWriter, r *http.Request, v any) error {
+	present, err := decodeBody(w, r, v)
+	if err == nil && !present {
+		err = errdefs.New(errdefs.ErrInvalidArgument, "a JSON request body is required")
+	}
+	return err
+}
+
+// decodeBody reads a JSON body into v and reports whether there was one.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) (bool, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxControlBody))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return errdefs.New(errdefs.ErrInvalidArgument, "request body larger than %d bytes", maxControlBody)
+			return false, errdefs.New(errdefs.ErrInvalidArgument, "request body larger than %d bytes", maxControlBody)
 		}
-		return errdefs.New(errdefs.ErrInvalidArgument, "reading request body: %v", err)
+		return false, errdefs.New(errdefs.ErrInvalidArgument, "reading request body: %v", err)
 	}
 	if len(strings.TrimSpace(string(body))) == 0 {
-		return nil
+		return false, nil
 	}
 	if err := json.Unmarshal(body, v); err != nil {
-		return errdefs.New(errdefs.ErrInvalidArgument, "malformed JSON body: %v", err)
+		return false, errdefs.New(errdefs.ErrInvalidArgument, "malformed JSON body: %v", err)
 	}
-	return nil
+	return true, nil
 }
 
 // newSandboxBody is E2B's NewSandboxV2 plus our resource extensions.

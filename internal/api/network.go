@@ -64,13 +64,14 @@ func networkJSON(n sandbox.Network) networkOut {
 
 // updateNetwork is E2B's PUT /sandboxes/{id}/network: the body replaces the
 // policy (omitted fields mean cleared; internet access defaults to on).
-// Ingress (allowPublicTraffic) is set at create and kept.
+// Ingress (allowPublicTraffic) is set at create and kept. The body is
+// required: a request that lost it must not open the sandbox's egress.
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	var b struct {
 		networkBody
 		AllowInternetAccess *bool `json:"allow_internet_access"`
 	}
-	if err := decode(w, r, &b); err != nil {
+	if err := decodeRequired(w, r, &b); err != nil {
 		s.fail(w, r, err)
 		return
 	}

@@ -371,6 +371,10 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		{name: "rollback unknown sandbox", method: "POST", path: "/sandboxes/abc/rollback", specPath: "/sandboxes/{id}/rollback", body: `{"snapshotID":"first"}`, headers: key, want: 404},
 		{name: "merge no child", method: "POST", path: "/sandboxes/abc/merge", specPath: "/sandboxes/{id}/merge", body: `{}`, headers: key, want: 400},
 		{name: "merge into itself", method: "POST", path: "/sandboxes/abc/merge", specPath: "/sandboxes/{id}/merge", body: `{"sandboxID":"abc"}`, headers: key, want: 400},
+		// A lost body must not reset the egress policy to allow-all; the
+		// body is checked before the sandbox is looked up.
+		{name: "network without a body", method: "PUT", path: "/sandboxes/abc/network", specPath: "/sandboxes/{id}/network", headers: key, want: 400},
+		{name: "network unknown", method: "PUT", path: "/sandboxes/abc/network", specPath: "/sandboxes/{id}/network", body: `{}`, headers: key, want: 404},
 		{name: "merge unknown", method: "POST", path: "/sandboxes/abc/merge", specPath: "/sandboxes/{id}/merge", body: `{"sandboxID":"def"}`, headers: key, want: 404},
 		// Last: deletes a snapshot, by a name with a percent-encoded slash
 		// (as the E2B SDK sends it).
