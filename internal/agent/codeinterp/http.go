@@ -32,9 +32,10 @@ func (i *Interpreter) Handler() http.Handler {
 	return mux
 }
 
-// executeRequest is the SDK's /execute body; JSON nulls read as "".
+// executeRequest is the SDK's /execute body; JSON nulls read as "", except
+// for code, which is required (as upstream's).
 type executeRequest struct {
-	Code      string            `json:"code"`
+	Code      *string           `json:"code"`
 	ContextID string            `json:"context_id"`
 	Language  string            `json:"language"`
 	EnvVars   map[string]string `json:"env_vars"`
@@ -44,6 +45,10 @@ func (i *Interpreter) handleExecute(w http.ResponseWriter, r *http.Request) {
 	var req executeRequest
 	if err := readJSON(r, &req); err != nil {
 		i.writeError(w, err)
+		return
+	}
+	if req.Code == nil {
+		i.writeError(w, fmt.Errorf("code is required: %w", errInvalid))
 		return
 	}
 	c, err := i.resolve(req.ContextID, req.Language)
@@ -90,7 +95,7 @@ func (i *Interpreter) execute(ctx context.Context, c *codeContext, req executeRe
 		out.write(errorLine(name, err.Error(), ""))
 		return
 	}
-	cmd, err := k.command(req.Code, i.settings.Envs(), req.EnvVars)
+	cmd, err := k.command(*req.Code, i.settings.Envs(), req.EnvVars)
 	if err != nil {
 		out.write(errorLine("KernelError", err.Error(), ""))
 		return
