@@ -100,8 +100,11 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) (bool, error) {
 		}
 		return false, errdefs.New(errdefs.ErrInvalidArgument, "reading request body: %v", err)
 	}
-	if len(strings.TrimSpace(string(body))) == 0 {
+	switch strings.TrimSpace(string(body)) {
+	case "":
 		return false, nil
+	case "null": // would decode to nothing, as if the body were {}
+		return false, errdefs.New(errdefs.ErrInvalidArgument, "request body must be a JSON object, not null")
 	}
 	if err := json.Unmarshal(body, v); err != nil {
 		return false, errdefs.New(errdefs.ErrInvalidArgument, "malformed JSON body: %v", err)

@@ -374,6 +374,8 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		// A lost body must not reset the egress policy to allow-all; the
 		// body is checked before the sandbox is looked up.
 		{name: "network without a body", method: "PUT", path: "/sandboxes/abc/network", specPath: "/sandboxes/{id}/network", headers: key, want: 400},
+		{name: "network null body", method: "PUT", path: "/sandboxes/abc/network", specPath: "/sandboxes/{id}/network", body: ` null `, headers: key, want: 400},
+		{name: "pause null body", method: "POST", path: "/sandboxes/abc/pause", specPath: "/sandboxes/{id}/pause", body: `null`, headers: key, want: 400},
 		{name: "network unknown", method: "PUT", path: "/sandboxes/abc/network", specPath: "/sandboxes/{id}/network", body: `{}`, headers: key, want: 404},
 		{name: "merge unknown", method: "POST", path: "/sandboxes/abc/merge", specPath: "/sandboxes/{id}/merge", body: `{"sandboxID":"def"}`, headers: key, want: 404},
 		// Last: deletes a snapshot, by a name with a percent-encoded slash

@@ -256,7 +256,11 @@ func (h *harness) do(method, path string, body any) (int, string) {
 // createContext creates a context and returns its id.
 func (h *harness) createContext(body map[string]any) contextInfo {
 	h.t.Helper()
-	status, out := h.do("POST", "/contexts", body)
+	var b any // no body for nil (a nil map would be sent as null)
+	if body != nil {
+		b = body
+	}
+	status, out := h.do("POST", "/contexts", b)
 	if status != 200 {
 		h.t.Fatalf("POST /contexts: %d %s", status, out)
 	}

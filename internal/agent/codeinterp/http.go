@@ -1,6 +1,7 @@
 package codeinterp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -156,7 +157,8 @@ func (i *Interpreter) handleDelete(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// readJSON decodes the request body into v; an empty body leaves v as is.
+// readJSON decodes the request body into v; an empty body leaves v as is,
+// a null one is refused.
 // The body is read to the end, so the server notices when the client
 // goes away.
 func readJSON(r *http.Request, v any) error {
@@ -167,8 +169,11 @@ func readJSON(r *http.Request, v any) error {
 	if len(body) > maxRequestBytes {
 		return fmt.Errorf("request body larger than %d bytes: %w", maxRequestBytes, errInvalid)
 	}
-	if len(body) == 0 {
+	switch string(bytes.TrimSpace(body)) {
+	case "":
 		return nil
+	case "null": // would decode to nothing, as if the body were {}
+		return fmt.Errorf("the body must be a JSON object, not null: %w", errInvalid)
 	}
 	if err := json.Unmarshal(body, v); err != nil {
 		return fmt.Errorf("decoding request: %s: %w", err, errInvalid)

@@ -93,6 +93,7 @@ func TestRequestErrors(t *testing.T) {
 		{"no body", "POST", "/execute", nil, 400, "code is required"},
 		{"no code", "POST", "/execute", map[string]any{"language": "python"}, 400, "code is required"},
 		{"null code", "POST", "/execute", map[string]any{"code": nil, "context_id": nil}, 400, "code is required"},
+		{"create null", "POST", "/contexts", json.RawMessage(`null`), 400, "not null"},
 		{"create js", "POST", "/contexts", map[string]any{"language": "r"}, 400, "only python"},
 		{"create bad cwd", "POST", "/contexts", map[string]any{"cwd": "/does/not/exist"}, 400, "not a directory"},
 		{"health", "GET", "/health", nil, 204, ""},

@@ -10,7 +10,10 @@
 package envd
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -70,7 +73,14 @@ type initRequest struct {
 
 func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) {
 	var req initRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxInitBody)).Decode(&req); err != nil {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxInitBody))
+	if err == nil && bytes.Equal(bytes.TrimSpace(body), []byte("null")) {
+		err = errors.New("the body must be a JSON object, not null")
+	}
+	if err == nil {
+		err = json.Unmarshal(body, &req)
+	}
+	if err != nil {
 		writeError(w, "init", invalidf("decoding init body: %v", err))
 		return
 	}

@@ -300,6 +300,10 @@ func TestHealthInitEnvsMetrics(t *testing.T) {
 	wantAPIError(t, res, b, 400)
 	res, b = e.do("POST", "/init", nil, strings.NewReader(`{"pidsMax":-1}`), nil)
 	wantAPIError(t, res, b, 400)
+	for _, bad := range []string{``, `null`, `[]`} {
+		res, b = e.do("POST", "/init", nil, strings.NewReader(bad), nil)
+		wantAPIError(t, res, b, 400)
+	}
 
 	res, b = e.do("GET", "/metrics", nil, nil, nil)
 	var m map[string]float64
