@@ -12,8 +12,15 @@ import (
 	"maps"
 	"os/user"
 	"strconv"
+	"strings"
 	"sync"
 )
+
+// ValidEnvName reports whether name can be passed to execve (and Python's
+// os.environ) as a variable name: not empty, no '=' and no NUL byte.
+func ValidEnvName(name string) bool {
+	return name != "" && !strings.ContainsAny(name, "=\x00")
+}
 
 // DefaultUser is the user that commands, files and run_code use when the
 // caller names none, as in E2B.

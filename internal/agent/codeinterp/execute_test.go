@@ -1,6 +1,9 @@
 package codeinterp
 
 import (
+	"context"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -191,5 +194,47 @@ func TestOutputFlood(t *testing.T) {
 	}
 	if o := h.run("import os\nprint('x' * 5_000_000)\nos.system('seq 1 100000 | wc -l')"); o.stdout != strings.Repeat("x", 5e6)+"\n100000\n" {
 		t.Errorf("big output: %d bytes", len(o.stdout))
+	}
+}
+
+// TestKernelSurvivesBadEnv: a variable os.environ refuses (the HTTP layer
+// refuses them first; this is the kernel's own guard) is the cell's error:
+// the kernel keeps its state and never hangs. Before, it died, and
+// sometimes hung in interpreter shutdown, so the execution never ended.
+func TestKernelSurvivesBadEnv(t *testing.T) {
+	h := newHarness(t, "", nil)
+	noError(t, h.run("kept = 7"))
+	c, err := h.ip.defaultContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		k, err := c.kernel(context.Background(), h.ip.spawnSpec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := map[string]string{"OK_" + strconv.Itoa(i): "1", [...]string{"", "A=B", "NUL"}[i%3]: "x"}
+		if i%3 == 2 {
+			env["NUL"] = "a\x00b"
+		}
+		cmd, _ := k.command("kept", nil, env)
+		rec := httptest.NewRecorder()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			k.run(context.Background(), cmd, newNDJSON(rec, h.ip.log), h.ip.timing)
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("run %d: no end after 10 s: %s", i, rec.Body)
+		}
+		if !strings.Contains(rec.Body.String(), `"type":"error"`) || strings.Contains(rec.Body.String(), "UnexpectedEndOfExecution") {
+			t.Fatalf("run %d: want the cell's error, kernel alive: %s", i, rec.Body)
+		}
+	}
+	o := h.run("import os\n(kept, [k for k in os.environ if k.startswith('OK_')])")
+	if o.text() != "(7, [])" {
+		t.Errorf("after bad env: %q %v (state kept, no variable left behind)", o.text(), o.err)
 	}
 }

@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
+
+	"github.com/cellfork/cellfork/internal/agent"
 )
 
 const maxRequestBytes = 64 << 20
@@ -51,6 +54,13 @@ func (i *Interpreter) handleExecute(w http.ResponseWriter, r *http.Request) {
 	if req.Code == nil {
 		i.writeError(w, fmt.Errorf("code is required: %w", errInvalid))
 		return
+	}
+	for k, v := range req.EnvVars {
+		// Python's os.environ refuses these; the kernel would die of it.
+		if !agent.ValidEnvName(k) || strings.IndexByte(v, 0) >= 0 {
+			i.writeError(w, fmt.Errorf("env_vars: invalid environment variable %q: %w", k, errInvalid))
+			return
+		}
 	}
 	c, err := i.resolve(req.ContextID, req.Language)
 	if err != nil {

@@ -654,8 +654,14 @@ def _error_event(exc):
 def _push_env(env):
     if not env:
         return None
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    saved = {}
+    try:
+        for key, value in env.items():
+            saved[key] = os.environ.get(key)
+            os.environ[key] = value
+    except BaseException:
+        _pop_env(saved)  # all or nothing
+        raise
     return saved
 
 
@@ -672,11 +678,13 @@ def _execute(req, ns):
     _State.last_write = 0.0  # a cell's first output is sent at once
     with _lock:  # sent with the first output, or with "done"
         _outbox.append('{"type":"number_of_executions","execution_count":%d}' % _State.count)
-    if req.get("env"):
-        os.environ.update(req["env"])
-    saved = _push_env(req.get("tmp_env"))
+    saved = None
     _State.pending = False
     try:
+        # A variable os.environ refuses is the cell's error, not the kernel's.
+        if req.get("env"):
+            os.environ.update(req["env"])
+        saved = _push_env(req.get("tmp_env"))
         _State.interruptible = True
         _run_cell(req.get("code", ""), _State.count, ns)
         _State.interruptible = False
@@ -758,4 +766,11 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BaseException:
+        # Exit at once: interpreter shutdown can deadlock on _lock, held by
+        # the capture thread, and the agent would wait for the exit forever.
+        traceback.print_exc(file=_diag or sys.__stderr__)
+        _real_exit(1)
+    _real_exit(0)

@@ -136,11 +136,6 @@ func supplementaryGroups(acc agent.Account) []uint32 {
 	return groups
 }
 
-// validEnvKey reports whether k can be passed to execve as a variable name.
-func validEnvKey(k string) bool {
-	return k != "" && !strings.ContainsAny(k, "=\x00")
-}
-
 // buildEnv returns the environment of a process run as acc: PATH, HOME,
 // USER and LOGNAME, then the sandbox-wide variables, then the request's
 // variables (later sources win). Output is sorted for determinism.
@@ -151,12 +146,12 @@ func buildEnv(acc agent.Account, global, request map[string]string) ([]string, e
 	}
 	env := map[string]string{"PATH": path, "HOME": acc.Home, "USER": acc.Name, "LOGNAME": acc.Name}
 	for k, v := range global {
-		if validEnvKey(k) && strings.IndexByte(v, 0) < 0 {
+		if agent.ValidEnvName(k) && strings.IndexByte(v, 0) < 0 {
 			env[k] = v
 		}
 	}
 	for k, v := range request {
-		if !validEnvKey(k) {
+		if !agent.ValidEnvName(k) {
 			return nil, invalidf("invalid environment variable name %q", k)
 		}
 		if strings.IndexByte(v, 0) >= 0 {

@@ -85,7 +85,7 @@ func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for k, v := range req.EnvVars {
-		if !validEnvKey(k) || containsNUL(v) {
+		if !agent.ValidEnvName(k) || containsNUL(v) {
 			writeError(w, "init", invalidf("invalid environment variable %q", k))
 			return
 		}

@@ -146,7 +146,7 @@ func FuzzBuildEnv(f *testing.F) {
 		keys := map[string]bool{}
 		for _, kv := range env {
 			k, v, ok := strings.Cut(kv, "=")
-			if !ok || !validEnvKey(k) || strings.IndexByte(v, 0) >= 0 || keys[k] {
+			if !ok || !agent.ValidEnvName(k) || strings.IndexByte(v, 0) >= 0 || keys[k] {
 				t.Fatalf("bad or duplicate entry %q in %q", kv, env)
 			}
 			keys[k] = true
