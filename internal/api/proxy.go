@@ -93,6 +93,19 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 		proxyError(w, reqID, t.sandboxID, http.StatusUnauthorized, msg)
 		return
 	}
+	// Close the request body before returning, whatever the upstream read
+	// of it: in full-duplex mode (below) the server would otherwise drain
+	// it after the handler, and reaching its end there starts a read of
+	// the next request that races the server's own and panics with
+	// "invalid concurrent Body.Read call" (golang/go#68560), dropping the
+	// connection. It happened on every body sent to a closed port. Not
+	// after a WebSocket upgrade: the connection is no longer the server's.
+	body := r.Body
+	defer func() {
+		if tw, ok := w.(*timedWriter); !ok || tw.status != http.StatusSwitchingProtocols {
+			body.Close()
+		}
+	}()
 	if t.port == manager.EnvdPort && r.Method == http.MethodPost && r.URL.Path == "/files" {
 		if r.ContentLength > s.cfg.MaxUploadBytes {
 			s.tooLarge(w, reqID, t.sandboxID)

@@ -1,13 +1,16 @@
 package integration
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestBadInputControlPlane: every bad request gets a 4xx JSON error with a
@@ -109,6 +112,17 @@ func TestBadInputDataPlane(t *testing.T) {
 			}
 		})
 	}
+	// A body the proxy never reads (the port is closed): requests on one
+	// kept-alive connection are all answered. The server used to panic
+	// after each and drop the connection (golang/go#68560).
+	statuses := keptAlive(t, 3, "POST / HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: "+sb.SandboxID+
+		"\r\nE2b-Sandbox-Port: 8123\r\nContent-Length: 5\r\n\r\nhello")
+	got := fmt.Sprint(statuses)
+	record("API input (data plane)", "body to a closed port, 3 requests on one connection", "502 502 502", got, got == "[502 502 502]")
+	if got != "[502 502 502]" {
+		t.Errorf("statuses on one connection: %s, want [502 502 502]", got)
+	}
+
 	// A small gzip upload works and the agent is still fine after all that.
 	var small bytes.Buffer
 	zw = gzip.NewWriter(&small)
@@ -121,4 +135,31 @@ func TestBadInputDataPlane(t *testing.T) {
 	if out, _, _ := run(t, sb, "", "cat /home/user/z.txt; echo; stat -c %U /home/user/z.txt"); out != "compressed\nuser\n" {
 		t.Errorf("uploaded file: %q", out)
 	}
+}
+
+// keptAlive sends req n times on one connection and returns the statuses
+// of the answers, stopping at the first that does not come.
+func keptAlive(t *testing.T, n int, req string) []int {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(d.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(conn)
+	var statuses []int
+	for range n {
+		if _, err := io.WriteString(conn, req); err != nil {
+			break
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			break
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		statuses = append(statuses, resp.StatusCode)
+	}
+	return statuses
 }
