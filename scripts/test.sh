@@ -4,7 +4,11 @@
 #     tests (test/integration starts its own daemon with real gVisor sandboxes).
 #  2. Python: our SDK's tests and the official E2B SDK conformance suite,
 #     against a test daemon on its own port and data directory.
-#  3. Leak check: the test daemon leaves no sandbox, netns or runsc state.
+#  3. Fuzz: schemathesis drives every operation of internal/api/openapi.yaml
+#     (control plane, envd, code interpreter) with generated valid and
+#     invalid requests and checks each answer against the document, plus
+#     missing and wrong keys and tokens on every operation (tests/fuzz).
+#  4. Leak check: the test daemon leaves no sandbox, netns or runsc state.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:$(go env GOPATH)/bin"
@@ -26,10 +30,15 @@ start_test_daemon --max-upload-mb 64
 # The test daemon's network namespaces carry a hash of its data dir.
 prefix=cf$(printf '%s' "$TEST_TMP/data" | sha256sum | cut -c1-6)-
 status=0
-.venv/bin/pytest -q -p no:cacheprovider sdk/python/tests tests || status=$?
+.venv/bin/pytest -q -p no:cacheprovider --ignore=tests/fuzz sdk/python/tests tests || status=$?
+
+step "fuzz the API from its OpenAPI description (schemathesis)"
+# Hypothesis keeps caches; they go with the test data, not into the tree.
+HYPOTHESIS_STORAGE_DIRECTORY="$TEST_TMP/hypothesis" .venv/bin/pytest -q -p no:cacheprovider tests/fuzz || status=$?
 
 step "leak check"
-# Sandboxes still alive now were leaked by a test that did not kill them.
+# Sandboxes still alive now were leaked by a test (or the fuzzing) that did
+# not kill them.
 alive=$(curl -fsS -H "X-API-KEY: $CELLFORK_API_KEY" "$CELLFORK_URL/v2/sandboxes" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
 if [ "$alive" != 0 ]; then echo "leak: $alive sandbox(es) still alive after the Python tests"; status=1; fi
 # Once the daemon has stopped (destroying its pool), nothing of it remains.
