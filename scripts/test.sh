@@ -8,7 +8,8 @@
 #     (control plane, envd, code interpreter) with generated valid and
 #     invalid requests and checks each answer against the document, plus
 #     missing and wrong keys and tokens on every operation (tests/fuzz).
-#  4. Leak check: the test daemon leaves no sandbox, netns or runsc state.
+#  4. Leak check: the test daemon leaves no sandbox, netns or runsc state,
+#     and its log shows no recovered panic.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:$(go env GOPATH)/bin"
@@ -36,7 +37,10 @@ step "fuzz the API from its OpenAPI description (schemathesis)"
 # Hypothesis keeps caches; they go with the test data, not into the tree.
 HYPOTHESIS_STORAGE_DIRECTORY="$TEST_TMP/hypothesis" .venv/bin/pytest -q -p no:cacheprovider tests/fuzz || status=$?
 
-step "leak check"
+step "leak and panic check"
+# The server recovers a handler's panic and drops the connection, which a
+# client may retry without noticing: the log tells.
+if grep -m 3 "http: panic serving" "$TEST_TMP/daemon.log"; then echo "the test daemon panicked (above)"; status=1; fi
 # Sandboxes still alive now were leaked by a test (or the fuzzing) that did
 # not kill them.
 alive=$(curl -fsS -H "X-API-KEY: $CELLFORK_API_KEY" "$CELLFORK_URL/v2/sandboxes" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
