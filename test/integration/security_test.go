@@ -56,6 +56,14 @@ namespace (they apply the same policy). The daemon
 authenticates the control plane with API keys and the data plane with a
 per-sandbox access token. Known limits are listed at the end.
 
+Besides the attacks below, ` + "`make test`" + ` fuzzes every operation of the
+OpenAPI description (` + "`internal/api/openapi.yaml`" + `) with schemathesis
+(` + "`tests/fuzz`" + `): generated valid and invalid requests on both planes, each
+answer checked against the document (no server error, no undocumented
+status or body, invalid input refused with a 4xx, a missing or wrong key or
+token refused with 401, no request left hanging), and no sandbox or
+snapshot left behind.
+
 ## Attacks tried
 
 | area | attack | required | observed | result |
