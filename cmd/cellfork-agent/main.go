@@ -7,6 +7,7 @@ import (
 	"flag"
 	"log"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -15,6 +16,10 @@ import (
 	"github.com/cellfork/cellfork/internal/agent/codeinterp"
 	"github.com/cellfork/cellfork/internal/agent/envd"
 )
+
+// daemonAddr is where the daemon's connections come from: the sandbox's
+// gateway (its router namespace). Only it may POST /init.
+var daemonAddr = netip.MustParseAddr("10.88.0.1")
 
 func main() {
 	envdAddr := flag.String("envd-addr", ":49983", "envd listen address")
@@ -58,7 +63,7 @@ func main() {
 		}
 	})
 	errc := make(chan error, 2)
-	for addr, h := range map[string]http.Handler{*envdAddr: envd.New(s), *codeAddr: code} {
+	for addr, h := range map[string]http.Handler{*envdAddr: envd.New(s, daemonAddr), *codeAddr: code} {
 		srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 30 * time.Second}
 		go func() { errc <- srv.ListenAndServe() }()
 	}

@@ -106,6 +106,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 			body.Close()
 		}
 	}()
+	if t.port == manager.EnvdPort && r.URL.Path == "/init" {
+		// The daemon's alone: it sets the sandbox's environment and limits.
+		proxyError(w, reqID, t.sandboxID, http.StatusForbidden, "POST /init is the daemon's; give env vars and limits when creating the sandbox")
+		return
+	}
 	if t.port == manager.EnvdPort && r.Method == http.MethodPost && r.URL.Path == "/files" {
 		if r.ContentLength > s.cfg.MaxUploadBytes {
 			s.tooLarge(w, reqID, t.sandboxID)

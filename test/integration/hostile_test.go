@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -197,5 +198,29 @@ func TestIdleAndSlowClients(t *testing.T) {
 	sb := create(t, nil)
 	if got := stdoutOf(runCode(t, sb, "print('ok')")); got != "ok\n" {
 		t.Errorf("data plane with idle connections open: %q", got)
+	}
+}
+
+// POST /init sets a sandbox's environment and process limits: only the
+// daemon may, not code inside the sandbox and not the daemon's clients.
+func TestInitIsTheDaemons(t *testing.T) {
+	sb := create(t, map[string]any{"pidsMax": 128})
+	got := strings.TrimSpace(stdoutOf(runCode(t, sb, `
+import urllib.request, urllib.error
+req = urllib.request.Request("http://127.0.0.1:49983/init", data=b'{"pidsMax": 100000, "openFiles": 1000000}', method="POST")
+try:
+    print(urllib.request.urlopen(req, timeout=5).status)
+except urllib.error.HTTPError as e:
+    print(e.code)
+import resource; print(resource.getrlimit(resource.RLIMIT_NPROC)[1])`)))
+	record("limits", "raise the sandbox's process limit by POST /init from inside", "403, limit kept", got, got == "403\n128")
+	if got != "403\n128" {
+		t.Errorf("POST /init from inside: %q", got)
+	}
+	r := dataCall(t, "POST", "/init", map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "E2b-Sandbox-Port": "49983",
+		"X-Access-Token": sb.EnvdAccessToken}, strings.NewReader(`{"pidsMax": 100000}`))
+	record("limits", "POST /init through the daemon with the access token", "403", fmt.Sprint(r.status), r.status == 403)
+	if r.status != 403 {
+		t.Errorf("POST /init through the daemon: %d %s", r.status, r.body)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"strconv"
 
@@ -31,8 +32,12 @@ const defaultMaxUpload int64 = 1 << 30
 const maxInitBody = 1 << 20
 
 // New returns the handler of the envd port (49983). Its processes and
-// watchers live as long as the returned handler.
-func New(s *agent.Settings) http.Handler {
+// watchers live as long as the returned handler. POST /init sets the
+// sandbox's environment and process limits: only the daemon may, so when
+// daemon is valid it is the only source address /init answers (code inside
+// the sandbox connects from elsewhere; the daemon refuses /init from its
+// clients).
+func New(s *agent.Settings, daemon netip.Addr) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(processconnect.NewProcessHandler(newProcessService(s)))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(newFSService(s)))
@@ -43,7 +48,15 @@ func New(s *agent.Settings) http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	})
-	mux.HandleFunc("POST /init", func(w http.ResponseWriter, r *http.Request) { handleInit(s, w, r) })
+	mux.HandleFunc("POST /init", func(w http.ResponseWriter, r *http.Request) {
+		if daemon.IsValid() {
+			if ap, err := netip.ParseAddrPort(r.RemoteAddr); err != nil || ap.Addr().Unmap() != daemon {
+				writeError(w, "init", newErr(kindPermission, "POST /init is the daemon's"))
+				return
+			}
+		}
+		handleInit(s, w, r)
+	})
 	mux.HandleFunc("GET /envs", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(s.Envs())

@@ -8,6 +8,8 @@ import (
 	"io"
 	"mime/multipart"
 	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"net/textproto"
 	"net/url"
 	"os"
@@ -15,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/cellfork/cellfork/internal/agent"
 )
 
 // apiError is the error body of the plain HTTP endpoints.
@@ -317,5 +321,24 @@ func TestHealthInitEnvsMetrics(t *testing.T) {
 	}
 	if m["cpu_count"] < 1 || m["mem_total"] <= 0 || m["disk_total"] <= 0 || m["cpu_used_pct"] < 0 || m["cpu_used_pct"] > 100 {
 		t.Fatalf("implausible metrics %s", b)
+	}
+}
+
+// Only the daemon's address may POST /init: code inside the sandbox must
+// not reset its environment or raise its process limits.
+func TestInitOnlyFromTheDaemon(t *testing.T) {
+	s := agent.NewSettings()
+	s.Init("root", t.TempDir(), nil)
+	srv := httptest.NewServer(New(s, netip.MustParseAddr("10.88.0.1")))
+	defer srv.Close()
+	res, err := http.Post(srv.URL+"/init", "application/json", strings.NewReader(`{"pidsMax": 100000, "defaultUser": "nobody"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	wantAPIError(t, res, b, 403)
+	if s.User() != "root" {
+		t.Fatalf("a refused /init changed the default user to %q", s.User())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -43,7 +44,7 @@ func newEnv(t *testing.T) *env {
 	// dotfiles (a host profile that takes locks, like pyenv's, would make
 	// the tests depend on the machine).
 	s.Init("root", dir, map[string]string{"CELLFORK_GLOBAL": "g", "HOME": dir})
-	srv := httptest.NewServer(New(s))
+	srv := httptest.NewServer(New(s, netip.Addr{}))
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { poll(t, "no leaked child processes", func() bool { return len(children()) == 0 }) })
 	return &env{
