@@ -31,15 +31,26 @@ const defaultMaxUpload int64 = 1 << 30
 // maxInitBody bounds the POST /init body.
 const maxInitBody = 1 << 20
 
-// New returns the handler of the envd port (49983). Its processes and
-// watchers live as long as the returned handler. POST /init sets the
-// sandbox's environment and process limits: only the daemon may, so when
-// daemon is valid it is the only source address /init answers (code inside
-// the sandbox connects from elsewhere; the daemon refuses /init from its
+// Handler serves the envd port (49983).
+type Handler struct {
+	http.Handler
+	proc *processService
+}
+
+// Close ends the spare shells kept for fast process starts (running
+// processes and watchers are left alone).
+func (h *Handler) Close() { h.proc.zygotes.close() }
+
+// New returns the handler of the envd port. Its processes and watchers
+// live as long as the returned handler. POST /init sets the sandbox's
+// environment and process limits: only the daemon may, so when daemon is
+// valid it is the only source address /init answers (code inside the
+// sandbox connects from elsewhere; the daemon refuses /init from its
 // clients).
-func New(s *agent.Settings, daemon netip.Addr) http.Handler {
+func New(s *agent.Settings, daemon netip.Addr) *Handler {
 	mux := http.NewServeMux()
-	mux.Handle(processconnect.NewProcessHandler(newProcessService(s)))
+	ps := newProcessService(s)
+	mux.Handle(processconnect.NewProcessHandler(ps))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(newFSService(s)))
 
 	files := &filesHandler{settings: s, maxUpload: maxUploadBytes()}
@@ -55,14 +66,16 @@ func New(s *agent.Settings, daemon netip.Addr) http.Handler {
 				return
 			}
 		}
-		handleInit(s, w, r)
+		if handleInit(s, w, r) {
+			go ps.warmDefault() // the default user's spare shell, with the new settings
+		}
 	})
 	mux.HandleFunc("GET /envs", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(s.Envs())
 	})
 	mux.Handle("GET /metrics", &metricsHandler{procRoot: "/proc"})
-	return mux
+	return &Handler{Handler: mux, proc: ps}
 }
 
 // maxUploadBytes reads CELLFORK_MAX_UPLOAD_BYTES (a positive byte count).
@@ -84,7 +97,8 @@ type initRequest struct {
 	OpenFiles int64 `json:"openFiles"`
 }
 
-func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) {
+// handleInit applies a POST /init and answers it; true if it was applied.
+func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) bool {
 	var req initRequest
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxInitBody))
 	if err == nil && bytes.Equal(bytes.TrimSpace(body), []byte("null")) {
@@ -95,27 +109,27 @@ func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		writeError(w, "init", invalidf("decoding init body: %v", err))
-		return
+		return false
 	}
 	for k, v := range req.EnvVars {
 		if !agent.ValidEnvName(k) || containsNUL(v) {
 			writeError(w, "init", invalidf("invalid environment variable %q", k))
-			return
+			return false
 		}
 	}
 	if req.DefaultWorkdir != "" && (req.DefaultWorkdir[0] != '/' || containsNUL(req.DefaultWorkdir)) {
 		writeError(w, "init", invalidf("defaultWorkdir must be absolute, got %q", req.DefaultWorkdir))
-		return
+		return false
 	}
 	if req.MaxUploadBytes < 0 || req.PidsMax < 0 || req.OpenFiles < 0 {
 		writeError(w, "init", invalidf("maxUploadBytes, pidsMax and openFiles must not be negative"))
-		return
+		return false
 	}
 	if req.PidsMax > 0 || req.OpenFiles > 0 {
 		l := agent.ProcessLimits{PidsMax: uint64(req.PidsMax), OpenFiles: uint64(req.OpenFiles)}
 		if err := agent.ApplyLimits("/proc", l); err != nil {
 			writeError(w, "init", err)
-			return
+			return false
 		}
 	}
 	s.Init(req.DefaultUser, req.DefaultWorkdir, req.EnvVars)
@@ -123,6 +137,7 @@ func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) {
 		s.SetMaxUpload(req.MaxUploadBytes)
 	}
 	w.WriteHeader(http.StatusNoContent)
+	return true
 }
 
 func containsNUL(s string) bool {

@@ -329,7 +329,9 @@ func TestHealthInitEnvsMetrics(t *testing.T) {
 func TestInitOnlyFromTheDaemon(t *testing.T) {
 	s := agent.NewSettings()
 	s.Init("root", t.TempDir(), nil)
-	srv := httptest.NewServer(New(s, netip.MustParseAddr("10.88.0.1")))
+	h := New(s, netip.MustParseAddr("10.88.0.1"))
+	defer h.Close()
+	srv := httptest.NewServer(h)
 	defer srv.Close()
 	res, err := http.Post(srv.URL+"/init", "application/json", strings.NewReader(`{"pidsMax": 100000, "defaultUser": "nobody"}`))
 	if err != nil {

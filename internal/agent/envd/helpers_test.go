@@ -44,9 +44,11 @@ func newEnv(t *testing.T) *env {
 	// dotfiles (a host profile that takes locks, like pyenv's, would make
 	// the tests depend on the machine).
 	s.Init("root", dir, map[string]string{"CELLFORK_GLOBAL": "g", "HOME": dir})
-	srv := httptest.NewServer(New(s, netip.Addr{}))
+	h := New(s, netip.Addr{})
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { poll(t, "no leaked child processes", func() bool { return len(children()) == 0 }) })
+	t.Cleanup(h.Close)
 	return &env{
 		t: t, dir: dir, settings: s, srv: srv,
 		proc: processconnect.NewProcessClient(srv.Client(), srv.URL, connect.WithProtoJSON()),

@@ -34,6 +34,7 @@ type procSpec struct {
 	path   string // resolved executable
 	dir    string
 	env    []string
+	base   []string // env without the request's variables
 	req    *process.StartRequest
 	groups []uint32
 }
@@ -96,12 +97,17 @@ func startProc(ctx context.Context, cancel context.CancelFunc, spec procSpec, ou
 		return nil, invalidf("starting %s: %w", p.config.GetCmd(), err)
 	}
 	p.pid = uint32(cmd.Process.Pid)
+	p.run(ctx, cancel)
+	return p, nil
+}
+
+// run follows a started process: its output, its deadline, its end.
+func (p *proc) run(ctx context.Context, cancel context.CancelFunc) {
 	for _, r := range p.readers {
 		p.pumps.Go(func() { p.pump(r) })
 	}
 	go p.killAtDeadline(ctx)
 	go p.wait(cancel)
-	return p, nil
 }
 
 func (p *proc) setupPipes(withStdin bool) (childEnds []*os.File, err error) {

@@ -24,13 +24,32 @@ const defaultKeepalive = 90 * time.Second
 // processService implements process.Process. Safe for concurrent use.
 type processService struct {
 	settings *agent.Settings
+	zygotes  *zygotes
 
 	mu    sync.Mutex
 	procs map[uint32]*proc
 }
 
+// newProcessService returns the service, with a zygote for the default
+// user on its way.
 func newProcessService(s *agent.Settings) *processService {
-	return &processService{settings: s, procs: map[uint32]*proc{}}
+	ps := &processService{settings: s, zygotes: newZygotes(), procs: map[uint32]*proc{}}
+	go ps.warmDefault()
+	return ps
+}
+
+// warmDefault readies a zygote for the default user with the current
+// sandbox-wide settings (at start, and after /init changed them).
+func (s *processService) warmDefault() {
+	acc, err := lookupAccount(s.settings, "")
+	if err != nil {
+		return
+	}
+	groups := supplementaryGroups(acc)
+	base, err := buildEnv(acc, s.settings.Envs(), nil)
+	if err == nil {
+		s.zygotes.refill(acc, groups, base, zygoteKey(acc, groups, base))
+	}
 }
 
 // keepaliveInterval reads the Keepalive-Ping-Interval header (seconds).
@@ -68,15 +87,17 @@ func (s *processService) prepare(h http.Header, req *process.StartRequest) (proc
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		return procSpec{}, invalidf("cwd '%s' does not exist or is not a directory", dir)
 	}
-	env, err := buildEnv(acc, s.settings.Envs(), cfg.GetEnvs())
+	global := s.settings.Envs()
+	env, err := buildEnv(acc, global, cfg.GetEnvs())
 	if err != nil {
 		return procSpec{}, err
 	}
+	base, _ := buildEnv(acc, global, nil)
 	path, err := lookPath(cfg.GetCmd(), envValue(env, "PATH"))
 	if err != nil {
 		return procSpec{}, err
 	}
-	return procSpec{acc: acc, path: path, dir: dir, env: env, req: req, groups: supplementaryGroups(acc)}, nil
+	return procSpec{acc: acc, path: path, dir: dir, env: env, base: base, req: req, groups: supplementaryGroups(acc)}, nil
 }
 
 // Start runs a process and streams its events. The process outlives the
@@ -94,7 +115,7 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	out := newOutput()
 	sub := out.subscribe()
 	defer out.unsubscribe(sub)
-	p, err := startProc(procCtx, cancel, spec, out)
+	p, err := s.spawn(procCtx, cancel, spec, out)
 	if err != nil {
 		cancel()
 		return connectError("Start", err)
@@ -102,6 +123,16 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	s.track(p)
 	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.StartResponse{Event: ev}) }
 	return streamProcess(ctx, p, sub, keepaliveInterval(req.Header()), send, true)
+}
+
+// spawn starts the process: in a zygote if one fits, else on its own.
+func (s *processService) spawn(ctx context.Context, cancel context.CancelFunc, spec procSpec, out *output) (*proc, error) {
+	if cmd, ok := loginCommand(spec); ok {
+		if z := s.zygotes.claim(spec, spec.base, cmd); z != nil {
+			return z.proc(ctx, cancel, spec, out), nil
+		}
+	}
+	return startProc(ctx, cancel, spec, out)
 }
 
 // Connect reattaches to the output of a running process.
