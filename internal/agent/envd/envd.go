@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/cellfork/cellfork/internal/agent"
 	"github.com/cellfork/cellfork/internal/envd/filesystem/filesystemconnect"
@@ -67,7 +68,9 @@ func New(s *agent.Settings, daemon netip.Addr) *Handler {
 			}
 		}
 		if handleInit(s, w, r) {
-			go ps.warmDefault() // the default user's spare shell, with the new settings
+			// The default user's spare shell, with the new settings; a moment
+			// later, so as not to slow the create that sent this.
+			time.AfterFunc(20*time.Millisecond, ps.warmDefault)
 		}
 	})
 	mux.HandleFunc("GET /envs", func(w http.ResponseWriter, r *http.Request) {
