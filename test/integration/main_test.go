@@ -89,6 +89,15 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "--- daemon log (tail)\n%s\n", logs)
 	}
 	d.stop()
+	// A daemon that stops destroys its pool; sandboxes the tests killed are
+	// gone. Anything left under its runsc root leaked.
+	if out, _ := exec.Command("/usr/local/lib/cellfork/runsc", "--root", filepath.Join(dataDir, "runsc"), "list", "-q").Output(); len(bytes.TrimSpace(out)) > 0 {
+		fmt.Fprintf(os.Stderr, "leak: runsc containers left after the daemon stopped: %s\n", bytes.Fields(out))
+		for _, id := range bytes.Fields(out) {
+			_ = exec.Command("/usr/local/lib/cellfork/runsc", "--root", filepath.Join(dataDir, "runsc"), "delete", "-force", string(id)).Run()
+		}
+		code = 1
+	}
 	for unix.Unmount(filepath.Join(dataDir, "runsc", "null-netns"), unix.MNT_DETACH) == nil {
 	}
 	os.RemoveAll(dataDir)
@@ -169,7 +178,8 @@ func (dm *daemon) stop() {
 	_ = dm.cmd.Process.Signal(unix.SIGTERM)
 	select {
 	case <-dm.exited:
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
+		fmt.Fprintln(os.Stderr, "the daemon did not stop within 30 s of SIGTERM; killing it")
 		_ = dm.cmd.Process.Kill()
 		<-dm.exited
 	}
