@@ -25,7 +25,16 @@ terminate_test_daemon() {
   wait "$TEST_DAEMON" 2>/dev/null || true
 }
 
+# stop_test_daemon kills what the daemon still runs (sandboxes outlive a
+# daemon by design, and its data directory is about to go), stops it and
+# removes its data.
 stop_test_daemon() {
+  if kill -0 "$TEST_DAEMON" 2>/dev/null; then
+    for id in $(curl -fsS -H "X-API-KEY: $CELLFORK_API_KEY" "$CELLFORK_URL/v2/sandboxes?state=running,paused" 2>/dev/null |
+      python3 -c 'import json,sys; print(" ".join(s["sandboxID"] for s in json.load(sys.stdin)))' 2>/dev/null); do
+      curl -fsS -X DELETE -H "X-API-KEY: $CELLFORK_API_KEY" "$CELLFORK_URL/sandboxes/$id" >/dev/null 2>&1 || true
+    done
+  fi
   terminate_test_daemon
   for _ in 1 2 3; do umount "$TEST_TMP/data/runsc/null-netns" 2>/dev/null || true; done
   rm -rf "$TEST_TMP"
