@@ -266,6 +266,12 @@ func takesValue(fs *flag.FlagSet, arg string) bool {
 
 // kvFlag collects repeated K=V flags (--env, --metadata). The zero value is
 // ready to use.
+// listFlag collects a repeatable flag's values.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
+
 type kvFlag struct{ m map[string]string }
 
 func (k *kvFlag) String() string {

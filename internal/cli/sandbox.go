@@ -47,12 +47,24 @@ type createRequest struct {
 	DiskSizeMB *int              `json:"diskSizeMB,omitempty"`
 	PidsMax    *int              `json:"pidsMax,omitempty"`
 	OpenFiles  *int              `json:"openFiles,omitempty"`
+	// Egress, as E2B sends it.
+	AllowInternetAccess *bool          `json:"allow_internet_access,omitempty"`
+	Network             *createNetwork `json:"network,omitempty"`
+}
+
+type createNetwork struct {
+	AllowOut []string `json:"allowOut,omitempty"`
+	DenyOut  []string `json:"denyOut,omitempty"`
 }
 
 func (a *app) sandboxCreate(ctx context.Context, args []string) error {
 	fs := a.flagSet("sandbox create")
 	var env, meta kvFlag
+	var allowOut, denyOut listFlag
 	template := fs.String("template", "base", "")
+	noInternet := fs.Bool("no-internet", false, "")
+	fs.Var(&allowOut, "allow-out", "")
+	fs.Var(&denyOut, "deny-out", "")
 	snapshot := fs.String("snapshot", "", "")
 	timeout := fs.Int("timeout", 300, "")
 	fs.Var(&env, "env", "")
@@ -93,6 +105,12 @@ func (a *app) sandboxCreate(ctx context.Context, args []string) error {
 	req := createRequest{TemplateID: *template, Timeout: *timeout, Metadata: meta.orEmpty(), EnvVars: env.orEmpty(),
 		CPUCount: given("cpus"), MemoryMB: given("memory-mb"), DiskSizeMB: given("disk-mb"),
 		PidsMax: given("pids-max"), OpenFiles: given("open-files")}
+	if *noInternet {
+		req.AllowInternetAccess = new(bool)
+	}
+	if len(allowOut) > 0 || len(denyOut) > 0 {
+		req.Network = &createNetwork{AllowOut: allowOut, DenyOut: denyOut}
+	}
 	var raw json.RawMessage
 	if _, err := c.do(ctx, http.MethodPost, "/v2/sandboxes", nil, req, &raw); err != nil {
 		return err

@@ -47,6 +47,19 @@ func TestSandboxCreateLimits(t *testing.T) {
 	}
 }
 
+func TestSandboxCreateEgress(t *testing.T) {
+	d := newFakeDaemon(t)
+	code, _, errOut := d.run(context.Background(), "", "sandbox", "create", "--no-internet",
+		"--allow-out", "pypi.org", "--allow-out", "10.0.0.0/8", "--deny-out", "0.0.0.0/0")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	want := `{"templateID":"base","timeout":300,"metadata":{},"envVars":{},"allow_internet_access":false,"network":{"allowOut":["pypi.org","10.0.0.0/8"],"denyOut":["0.0.0.0/0"]}}`
+	if r := d.last("POST", "/v2/sandboxes"); r.Body != want {
+		t.Errorf("body %s, want %s", r.Body, want)
+	}
+}
+
 func TestSandboxCreateDefaultsAndJSON(t *testing.T) {
 	d := newFakeDaemon(t)
 	code, out, _ := d.run(context.Background(), "", "--json", "sandbox", "create")

@@ -34,6 +34,7 @@ const usageSandbox = `Usage: cellfork sandbox <create|list|kill> [flags]
 
   create [--template base|--snapshot SNAP] [--timeout 300] [--env K=V]... [--metadata K=V]...
          [--cpus N] [--memory-mb N] [--disk-mb N] [--pids-max N] [--open-files N]
+         [--no-internet] [--allow-out RULE]... [--deny-out RULE]...
   list   [--state running,paused] [--metadata K=V]...
   kill   ID...
 
@@ -58,6 +59,14 @@ open files than it had):
   --disk-mb N       writable disk (/tmp included), MiB; past it, ENOSPC
   --pids-max N      processes per user inside the sandbox
   --open-files N    open files per process
+
+Egress (default: internet on; the host, the daemon, other sandboxes and
+private ranges stay unreachable whatever is given):
+  --no-internet     no egress but what --allow-out allows
+  --allow-out RULE  allow an IPv4 address, a CIDR or a domain name
+                    (example.com, *.example.com: HTTP and TLS); repeatable
+  --deny-out RULE   deny an IPv4 address or CIDR (0.0.0.0/0: everything
+                    --allow-out does not allow); repeatable
 
 ` + globalFlags
 
