@@ -6,11 +6,14 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/cellfork/cellfork/internal/agent"
+	"github.com/cellfork/cellfork/internal/envd/process"
 )
 
 var fuzzAccount = agent.Account{Name: "user", UID: 1000, GID: 1000, Home: "/home/user"}
@@ -174,6 +177,43 @@ func FuzzUsernameFromHeader(f *testing.F) {
 		}
 		if v == "" && (err != nil || name != "") {
 			t.Fatalf("empty header gave %q, %v", name, err)
+		}
+	})
+}
+
+// FuzzPrimer: what a zygote runs exports every request variable exactly
+// (quotes, spaces, newlines, $ and backslashes included) and runs the
+// command in the request's directory.
+func FuzzPrimer(f *testing.F) {
+	for _, s := range []string{"", "plain", "it's", `"$HOME" \n`, "a\nb", "'; rm -rf / #", "$(id)", "`id`", "\\'\\"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		if strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v) {
+			return
+		}
+		spec := procSpec{dir: "/", req: &process.StartRequest{Process: &process.ProcessConfig{
+			Cmd: "/bin/bash", Envs: map[string]string{"V": v}}}}
+		script := primer(spec, `printf '%s|%s' "$PWD" "$V"`)
+		out, err := exec.Command("/bin/bash", "-c", "exec 3</dev/null; "+script).Output()
+		if err != nil || string(out) != "/|"+v {
+			t.Fatalf("primer exported %q as %q (%v)", v, out, err)
+		}
+	})
+}
+
+// FuzzExecs: a command execs() lets a zygote exec is one command bash
+// parses, so prefixing it with exec changes nothing but the process.
+func FuzzExecs(f *testing.F) {
+	for _, s := range []string{"sleep 1", "ls 'a b' \"c\"", "a;b", "x=1 y", "a 'b", "echo $X", "f() { :; }"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, cmd string) {
+		if !execs(cmd) || strings.IndexByte(cmd, 0) >= 0 {
+			return
+		}
+		if out, err := exec.Command("/bin/bash", "-n", "-c", "exec "+cmd).CombinedOutput(); err != nil {
+			t.Fatalf("execs(%q) but bash cannot parse it after exec: %s", cmd, out)
 		}
 	})
 }
