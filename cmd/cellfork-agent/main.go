@@ -37,6 +37,9 @@ func main() {
 		log.Fatal(err) // what it runs would get the capability
 	}
 
+	if os.Getpid() == 1 {
+		go agent.ReapOrphans() // orphans become ours: reap their zombies
+	}
 	s := agent.NewSettings()
 	ci := codeinterp.New(s, *kernel)
 	ready, startErr := make(chan struct{}), error(nil)

@@ -224,3 +224,17 @@ import resource; print(resource.getrlimit(resource.RLIMIT_NPROC)[1])`)))
 		t.Errorf("POST /init through the daemon: %d %s", r.status, r.body)
 	}
 }
+
+// Orphans (background processes outliving their shell) are adopted by the
+// agent, PID 1 of the sandbox, which must reap them: zombies would hold
+// pids against the sandbox's process limit until it could start nothing.
+func TestOrphansAreReaped(t *testing.T) {
+	sb := create(t, nil)
+	for range 5 {
+		run(t, sb, "", "sleep 0.1 >/dev/null 2>&1 &")
+	}
+	eventually(t, 10*time.Second, "no zombies in the sandbox", func() bool {
+		out, _, _ := run(t, sb, "", "ps -eo stat= | grep -c '^Z' || true")
+		return strings.TrimSpace(out) == "0"
+	})
+}

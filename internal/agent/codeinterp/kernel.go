@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cellfork/cellfork/internal/agent"
 )
 
 // spawnSpec is everything a kernel process needs to start.
@@ -86,7 +88,7 @@ func startKernel(ctx context.Context, s spawnSpec) (*kernel, error) {
 	cmd.Stdout, cmd.Stderr = diagW, diagW
 	cmd.ExtraFiles = []*os.File{cmdR, evW}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: s.cred}
-	err := cmd.Start()
+	err := agent.StartChild(cmd)
 	closeAll(cmdR, evW, diagW)
 	if err != nil {
 		closeAll(cmdW, evR, diagR)
@@ -132,6 +134,7 @@ func closeAll(files ...*os.File) {
 // known to be dead.
 func (k *kernel) reap(cmd *exec.Cmd, evR *os.File) {
 	err := cmd.Wait()
+	agent.ChildDone(cmd.Process.Pid)
 	if cmd.ProcessState != nil {
 		k.state = cmd.ProcessState.String()
 	} else {

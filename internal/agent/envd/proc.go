@@ -87,7 +87,7 @@ func startProc(ctx context.Context, cancel context.CancelFunc, spec procSpec, ou
 		childEnds, err = p.setupPipes(spec.req.Stdin == nil || spec.req.GetStdin())
 	}
 	if err == nil {
-		err = cmd.Start()
+		err = agent.StartChild(cmd)
 	}
 	for _, f := range childEnds {
 		_ = f.Close()
@@ -242,6 +242,7 @@ func (p *proc) dataEvent(f *os.File, b []byte) *process.ProcessEvent_DataEvent {
 // wait reaps the process, drains its output and publishes the end event.
 func (p *proc) wait(cancel context.CancelFunc) {
 	waitErr := p.cmd.Wait()
+	agent.ChildDone(int(p.pid))
 	p.exited.Store(true)
 	close(p.reaped)
 	for _, f := range p.readers {

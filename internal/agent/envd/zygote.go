@@ -263,7 +263,7 @@ func startZygote(acc agent.Account, groups []uint32, env []string, key string) (
 				Setpgid:    true,
 			},
 		}
-		err = z.cmd.Start()
+		err = agent.StartChild(z.cmd)
 	}
 	if err != nil {
 		z.closeAgentEnds()
@@ -284,7 +284,10 @@ func (z *zygote) closeAgentEnds() {
 func (z *zygote) discard() {
 	_ = syscall.Kill(-z.cmd.Process.Pid, syscall.SIGKILL)
 	z.closeAgentEnds()
-	go func() { _ = z.cmd.Wait() }()
+	go func() {
+		_ = z.cmd.Wait()
+		agent.ChildDone(z.cmd.Process.Pid)
+	}()
 }
 
 // proc turns a claimed zygote into the request's process.
