@@ -91,10 +91,7 @@ func (n *Network) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 		return
 	}
 	name := strings.TrimSuffix(strings.ToLower(q.Question[0].Name), ".")
-	n.mu.Lock()
-	ok := n.policy.resolves(name)
-	n.mu.Unlock()
-	if !ok {
+	if p := n.currentPolicy(); !p.resolves(name) {
 		reply(dns.RcodeRefused)
 		return
 	}

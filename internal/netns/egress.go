@@ -60,6 +60,20 @@ func (p *Policy) allowsAddr(a netip.Addr, hostBlocked []netip.Prefix) bool {
 	return p.AllowInternet
 }
 
+// allowsResolved says whether a connection for a name a domain rule allows
+// may go to a, one of the name's addresses: an allowed name does not open
+// the always-blocked, host or private networks (an address rule must allow
+// those), and wins over a deny rule as address rules do.
+func (p *Policy) allowsResolved(a netip.Addr, hostBlocked []netip.Prefix) bool {
+	switch {
+	case contains(alwaysBlocked, a) || contains(hostBlocked, a):
+		return false
+	case contains(privateRanges, a):
+		return contains(p.AllowOut, a)
+	}
+	return true
+}
+
 // allowsName says whether a domain rule allows name (lower case, no
 // trailing dot).
 func (p *Policy) allowsName(name string) bool {

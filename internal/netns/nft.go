@@ -224,8 +224,8 @@ func (n *Network) SetPolicy(p Policy) error {
 		for _, pr := range p.AllowOut {
 			rule(c, t, proxy, daddrIn(pr), one(verdict(expr.VerdictReturn)))
 		}
-		for port, to := range map[uint16]uint16{80: httpProxyPort, 443: tlsProxyPort} {
-			rule(c, t, proxy, iif("cf0"), ipv4(), l4(unix.IPPROTO_TCP), dport(port), redirect(to))
+		for _, r := range [][2]uint16{{80, httpProxyPort}, {443, tlsProxyPort}} {
+			rule(c, t, proxy, iif("cf0"), ipv4(), l4(unix.IPPROTO_TCP), dport(r[0]), redirect(r[1]))
 		}
 	}
 	if err := c.Flush(); err != nil {
@@ -233,6 +233,13 @@ func (n *Network) SetPolicy(p Policy) error {
 	}
 	n.policy = p
 	return nil
+}
+
+// currentPolicy is the policy SetPolicy last installed.
+func (n *Network) currentPolicy() Policy {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.policy
 }
 
 // Denied returns how many connection attempts the sandbox's policy has

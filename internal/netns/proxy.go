@@ -89,9 +89,7 @@ var errDenied = errors.New("denied by the egress policy")
 // dialAllowed connects to what the policy allows for a connection that
 // named name ("" if none) and was sent to orig.
 func (n *Network) dialAllowed(ctx context.Context, name string, orig netip.AddrPort) (*net.TCPConn, error) {
-	n.mu.Lock()
-	p := n.policy
-	n.mu.Unlock()
+	p := n.currentPolicy()
 	if name != "" && p.allowsName(name) {
 		addrs, err := n.cfg.lookup4(ctx, name)
 		if err != nil {
@@ -102,13 +100,9 @@ func (n *Network) dialAllowed(ctx context.Context, name string, orig netip.AddrP
 			addrs[0], addrs[i] = addrs[i], addrs[0]
 		}
 		for _, a := range addrs {
-			// An allowed name does not open the always-blocked, host or
-			// private networks; an address rule must allow those.
-			if contains(alwaysBlocked, a) || contains(n.cfg.HostBlocked, a) ||
-				(contains(privateRanges, a) && !contains(p.AllowOut, a)) {
-				continue
+			if p.allowsResolved(a, n.cfg.HostBlocked) {
+				return n.dialFromRouter(ctx, netip.AddrPortFrom(a, orig.Port()))
 			}
-			return n.dialFromRouter(ctx, netip.AddrPortFrom(a, orig.Port()))
 		}
 		return nil, errDenied
 	}
