@@ -62,11 +62,11 @@ func ReapOrphans() {
 // start through StartChild.
 func reapOrphans(procRoot string) {
 	self := os.Getpid()
-	stats, _ := filepath.Glob(filepath.Join(procRoot, "[0-9]*", "stat"))
+	pids, _ := listPids(procRoot)
 	children.Lock()
 	defer children.Unlock()
-	for _, f := range stats {
-		pid, state, ppid, ok := procStat(f)
+	for _, pid := range pids {
+		state, ppid, ok := procStat(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
 		if !ok || ppid != self || state != 'Z' || children.ours[pid] {
 			continue
 		}
@@ -75,22 +75,17 @@ func reapOrphans(procRoot string) {
 	}
 }
 
-// procStat reads the pid, state and parent pid of a /proc/<pid>/stat.
-func procStat(path string) (pid int, state byte, ppid int, ok bool) {
+// procStat reads the state and parent pid of a /proc/<pid>/stat.
+func procStat(path string) (state byte, ppid int, ok bool) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return 0, 0, 0, false
+		return 0, 0, false
 	}
 	// pid (comm) state ppid ...; comm may hold spaces and parentheses.
-	open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
-	if open < 1 || end < open {
-		return 0, 0, 0, false
-	}
-	fields := bytes.Fields(b[end+1:])
+	fields := bytes.Fields(b[bytes.LastIndexByte(b, ')')+1:])
 	if len(fields) < 2 || len(fields[0]) != 1 {
-		return 0, 0, 0, false
+		return 0, 0, false
 	}
-	pid, err1 := strconv.Atoi(string(bytes.TrimSpace(b[:open])))
-	ppid, err2 := strconv.Atoi(string(fields[1]))
-	return pid, fields[0][0], ppid, err1 == nil && err2 == nil
+	ppid, err = strconv.Atoi(string(fields[1]))
+	return fields[0][0], ppid, err == nil
 }

@@ -59,6 +59,14 @@ type proc struct {
 	stdin   *os.File // nil when disabled or closed
 }
 
+// wantsStdin says whether the process gets a stdin pipe (the default).
+func (spec procSpec) wantsStdin() bool { return spec.req.Stdin == nil || spec.req.GetStdin() }
+
+// newProc is the proc of spec running as cmd, publishing to out.
+func newProc(spec procSpec, cmd *exec.Cmd, out *output) *proc {
+	return &proc{config: spec.req.GetProcess(), tag: spec.req.Tag, cmd: cmd, out: out, reaped: make(chan struct{})}
+}
+
 // startProc starts the process described by spec, publishing its output to
 // out (subscribe before calling to see all of it). The process is killed
 // when ctx is done before it exits; cancel is called once it has exited.
@@ -72,19 +80,13 @@ func startProc(ctx context.Context, cancel context.CancelFunc, spec procSpec, ou
 			Credential: &syscall.Credential{Uid: spec.acc.UID, Gid: spec.acc.GID, Groups: spec.groups},
 		},
 	}
-	p := &proc{
-		config: spec.req.GetProcess(),
-		tag:    spec.req.Tag,
-		cmd:    cmd,
-		out:    out,
-		reaped: make(chan struct{}),
-	}
+	p := newProc(spec, cmd, out)
 	var childEnds []*os.File
 	var err error
 	if spec.req.GetPty() != nil {
 		childEnds, err = p.setupPTY(spec)
 	} else {
-		childEnds, err = p.setupPipes(spec.req.Stdin == nil || spec.req.GetStdin())
+		childEnds, err = p.setupPipes(spec.wantsStdin())
 	}
 	if err == nil {
 		err = agent.StartChild(cmd)

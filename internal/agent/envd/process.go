@@ -128,7 +128,7 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 // spawn starts the process: in a zygote if one fits, else on its own.
 func (s *processService) spawn(ctx context.Context, cancel context.CancelFunc, spec procSpec, out *output) (*proc, error) {
 	if cmd, ok := loginCommand(spec); ok {
-		if z := s.zygotes.claim(spec, spec.base, cmd); z != nil {
+		if z := s.zygotes.claim(spec, cmd); z != nil {
 			return z.proc(ctx, cancel, spec, out), nil
 		}
 	}

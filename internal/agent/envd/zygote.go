@@ -16,8 +16,8 @@ import (
 )
 
 // Zygotes. Nearly every command the SDKs run is `/bin/bash -l -c CMD`, and
-// a login shell spends most of its start (8-10 ms under gVisor) in exec and
-// the profile before it reaches CMD. A zygote is such a shell started
+// under gVisor the exec of bash (about 15 ms) costs far more than CMD
+// itself. A zygote is such a shell started
 // ahead of need for one account: it has read its profile and sources fd 3,
 // where a claim writes a line that enters the request's directory and
 // exports the request's variables, then CMD. Only CMD's own cost stays on
@@ -108,18 +108,18 @@ func profileStamp(home string) string {
 
 // claim hands out the account's spare zygote, primed with cmd, if it fits
 // spec; else nil. Either way a new spare is started for the account.
-func (zs *zygotes) claim(spec procSpec, base []string, cmd string) *zygote {
+func (zs *zygotes) claim(spec procSpec, cmd string) *zygote {
 	uid := spec.acc.UID
 	zs.mu.Lock()
 	z := zs.spare[uid]
 	delete(zs.spare, uid)
 	zs.mu.Unlock()
-	key := zygoteKey(spec.acc, spec.groups, base)
-	go zs.refill(spec.acc, spec.groups, base, key)
+	key := zygoteKey(spec.acc, spec.groups, spec.base)
+	go zs.refill(spec.acc, spec.groups, spec.base, key)
 	if z == nil {
 		return nil
 	}
-	if z.key != key || z.stamp != profileStamp(envValue(base, "HOME")) {
+	if z.key != key || z.stamp != profileStamp(envValue(spec.base, "HOME")) {
 		z.discard()
 		return nil
 	}
@@ -292,16 +292,9 @@ func (z *zygote) discard() {
 
 // proc turns a claimed zygote into the request's process.
 func (z *zygote) proc(ctx context.Context, cancel context.CancelFunc, spec procSpec, out *output) *proc {
-	p := &proc{
-		config:  spec.req.GetProcess(),
-		tag:     spec.req.Tag,
-		cmd:     z.cmd,
-		out:     out,
-		reaped:  make(chan struct{}),
-		readers: []*os.File{z.stdout, z.stderr},
-		pid:     uint32(z.cmd.Process.Pid),
-	}
-	if spec.req.Stdin == nil || spec.req.GetStdin() {
+	p := newProc(spec, z.cmd, out)
+	p.readers, p.pid = []*os.File{z.stdout, z.stderr}, uint32(z.cmd.Process.Pid)
+	if spec.wantsStdin() {
 		p.stdin = z.stdin
 	} else {
 		_ = z.stdin.Close()
