@@ -21,7 +21,9 @@ type pool struct {
 	readyTarget  int
 	shellTarget  int
 	kick         chan struct{}
-	stop, done   chan struct{}
+	stopped      context.Context // done once the pool is closed
+	stop         context.CancelFunc
+	done         chan struct{}
 	mu           sync.Mutex
 	ready        map[string][]*box // template name -> boxes; guarded by mu
 	shells       []*box            // guarded by mu
@@ -32,9 +34,10 @@ type pool struct {
 }
 
 func newPool(m *Manager, readyTarget, shellTarget int) *pool {
+	stopped, stop := context.WithCancel(context.Background())
 	return &pool{
 		m: m, readyTarget: readyTarget, shellTarget: shellTarget,
-		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		kick: make(chan struct{}, 1), stopped: stopped, stop: stop, done: make(chan struct{}),
 		ready: map[string][]*box{}, warm: map[string]warmImage{},
 	}
 }
@@ -111,7 +114,7 @@ func (p *pool) run() {
 	defer close(p.done)
 	for {
 		select {
-		case <-p.stop:
+		case <-p.stopped.Done():
 			return
 		case <-p.kick:
 		case <-time.After(time.Second):
@@ -138,15 +141,8 @@ func (p *pool) fillOne() bool {
 	defer release()
 	// A box that does not come up in time is given up on: the fill loop
 	// (and the daemon's shutdown, which waits for it) never hangs on one.
-	ctx, cancel := context.WithTimeout(context.Background(), fillTimeout)
+	ctx, cancel := context.WithTimeout(p.stopped, fillTimeout)
 	defer cancel()
-	go func() {
-		select {
-		case <-p.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	if name != "" {
 		lim := p.m.templateLimits(name)
 		b, err := p.m.restoreBox(ctx, w.image, w.rootfs, lim)
@@ -202,7 +198,7 @@ func (m *Manager) readyForHandOff(ctx context.Context, b *box, lim sandbox.Limit
 func (p *pool) add(store func(), b *box) bool {
 	p.mu.Lock()
 	select {
-	case <-p.stop:
+	case <-p.stopped.Done():
 		p.mu.Unlock()
 		p.m.destroyBox(context.Background(), b)
 		return false
@@ -215,7 +211,7 @@ func (p *pool) add(store func(), b *box) bool {
 
 // close stops refilling and destroys every pooled box.
 func (p *pool) close() {
-	close(p.stop)
+	p.stop()
 	<-p.done
 	p.mu.Lock()
 	var all []*box
