@@ -23,11 +23,7 @@ func (a *app) fork(ctx context.Context, args []string) error {
 	count := fs.Int("n", 1, "")
 	fs.IntVar(count, "count", 1, "")
 	timeout := fs.Int("timeout", 0, "")
-	pos, err := parseArgs(fs, args, 0)
-	if err != nil {
-		return flagError(err, usageFork)
-	}
-	id, err := oneID(pos, "sandbox id", usageFork)
+	id, err := parseOneID(fs, args, "sandbox id", usageFork)
 	if err != nil {
 		return err
 	}
@@ -139,11 +135,7 @@ type pauseResult struct {
 func (a *app) pause(ctx context.Context, args []string) error {
 	fs := a.flagSet("pause")
 	spill := fs.Bool("spill", false, "")
-	pos, err := parseArgs(fs, args, 0)
-	if err != nil {
-		return flagError(err, usagePause)
-	}
-	id, err := oneID(pos, "sandbox id", usagePause)
+	id, err := parseOneID(fs, args, "sandbox id", usagePause)
 	if err != nil {
 		return err
 	}
@@ -167,11 +159,7 @@ func (a *app) pause(ctx context.Context, args []string) error {
 func (a *app) resume(ctx context.Context, args []string) error {
 	fs := a.flagSet("resume")
 	timeout := fs.Int("timeout", 0, "")
-	pos, err := parseArgs(fs, args, 0)
-	if err != nil {
-		return flagError(err, usageResume)
-	}
-	id, err := oneID(pos, "sandbox id", usageResume)
+	id, err := parseOneID(fs, args, "sandbox id", usageResume)
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -70,11 +71,7 @@ func decodeSnapshot(raw json.RawMessage) (*snapshotInfo, error) {
 func (a *app) snapshotCreate(ctx context.Context, args []string) error {
 	fs := a.flagSet("snapshot create")
 	name := fs.String("name", "", "")
-	pos, err := parseArgs(fs, args, 0)
-	if err != nil {
-		return flagError(err, usageSnapshotCreate)
-	}
-	id, err := oneID(pos, "sandbox id", usageSnapshotCreate)
+	id, err := parseOneID(fs, args, "sandbox id", usageSnapshotCreate)
 	if err != nil {
 		return err
 	}
@@ -138,11 +135,7 @@ func (a *app) snapshotList(ctx context.Context, args []string) error {
 
 func (a *app) snapshotGet(ctx context.Context, args []string) error {
 	fs := a.flagSet("snapshot get")
-	pos, err := parseArgs(fs, args, 0)
-	if err != nil {
-		return flagError(err, usageSnapshotGet)
-	}
-	id, err := oneID(pos, "snapshot id", usageSnapshotGet)
+	id, err := parseOneID(fs, args, "snapshot id", usageSnapshotGet)
 	if err != nil {
 		return err
 	}
@@ -417,10 +410,14 @@ func formatUsage(u snapshotUsageInfo) string {
 	return s + fmt.Sprintf(" of %s cap (%.1f%%)", humanBytes(u.CapBytes), 100*float64(u.TotalBytes)/float64(u.CapBytes))
 }
 
-// oneID returns the single positional argument, or a usage error naming
-// what is missing or extra.
-func oneID(pos []string, what, usage string) (string, error) {
+// parseOneID parses the flags of a command that takes one positional
+// argument (what: "sandbox id", "snapshot id") and returns it, or a usage
+// error naming what is missing or extra.
+func parseOneID(fs *flag.FlagSet, args []string, what, usage string) (string, error) {
+	pos, err := parseArgs(fs, args, 0)
 	switch {
+	case err != nil:
+		return "", flagError(err, usage)
 	case len(pos) == 0:
 		return "", &usageError{msg: "missing " + what, usage: usage}
 	case len(pos) > 1:
