@@ -2,6 +2,7 @@ package manager
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
@@ -10,23 +11,52 @@ import (
 // admission bounds how many sandbox starts (boots and restores) run at once,
 // so that a burst queues instead of thrashing the CPUs. Waiters are served
 // in arrival order; past maxWaiters, or after maxWait, a request is refused
-// with ErrUnavailable (HTTP 503 with Retry-After). Safe for concurrent use.
+// with ErrUnavailable (HTTP 503 with Retry-After). Background work (the
+// pool's refill) runs only while no request holds or waits for a slot: a
+// restore is CPU-bound, and one sharing the CPUs with a refill takes longer.
+// Safe for concurrent use.
 type admission struct {
-	slots   chan struct{}
-	waiting chan struct{} // one token per waiter
-	maxWait time.Duration
+	slots      chan struct{}
+	waiting    chan struct{} // one token per waiter
+	foreground atomic.Int32  // slots held by requests
+	maxWait    time.Duration
+	onIdle     func() // called when the last request releases its slot
 }
 
-func newAdmission(concurrency, maxWaiters int, maxWait time.Duration) *admission {
+func newAdmission(concurrency, maxWaiters int, maxWait time.Duration, onIdle func()) *admission {
 	return &admission{
 		slots:   make(chan struct{}, concurrency),
 		waiting: make(chan struct{}, maxWaiters),
 		maxWait: maxWait,
+		onIdle:  onIdle,
 	}
 }
 
 // acquire waits for a slot; the caller must call the returned release.
 func (a *admission) acquire(ctx context.Context) (func(), error) {
+	a.foreground.Add(1)
+	release, err := a.wait(ctx)
+	if err != nil {
+		a.releaseForeground()
+		return nil, err
+	}
+	return func() { release(); a.releaseForeground() }, nil
+}
+
+// busy marks foreground work that needs no slot (a checkpoint) until the
+// returned func is called, so that no refill competes with it either.
+func (a *admission) busy() func() {
+	a.foreground.Add(1)
+	return a.releaseForeground
+}
+
+func (a *admission) releaseForeground() {
+	if a.foreground.Add(-1) == 0 && a.onIdle != nil {
+		a.onIdle()
+	}
+}
+
+func (a *admission) wait(ctx context.Context) (func(), error) {
 	select {
 	case a.slots <- struct{}{}:
 		return a.release, nil
@@ -50,10 +80,10 @@ func (a *admission) acquire(ctx context.Context) (func(), error) {
 	}
 }
 
-// tryAcquire takes a slot only if one is free and nobody is waiting: how
+// tryAcquire takes a slot only if no request holds or waits for one: how
 // background work (pool refill) stays out of the foreground's way.
 func (a *admission) tryAcquire() (func(), bool) {
-	if len(a.waiting) > 0 {
+	if a.foreground.Load() > 0 {
 		return nil, false
 	}
 	select {
@@ -67,4 +97,4 @@ func (a *admission) tryAcquire() (func(), bool) {
 func (a *admission) release() { <-a.slots }
 
 // idle reports whether no start runs or waits.
-func (a *admission) idle() bool { return len(a.slots) == 0 && len(a.waiting) == 0 }
+func (a *admission) idle() bool { return len(a.slots) == 0 && a.foreground.Load() == 0 }

@@ -10,7 +10,7 @@ import (
 )
 
 func TestAdmissionQueuesInOrderThenRefuses(t *testing.T) {
-	a := newAdmission(1, 2, time.Second)
+	a := newAdmission(1, 2, time.Second, nil)
 	release, err := a.acquire(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +53,7 @@ func TestAdmissionQueuesInOrderThenRefuses(t *testing.T) {
 }
 
 func TestAdmissionWaitBound(t *testing.T) {
-	a := newAdmission(1, 4, 50*time.Millisecond)
+	a := newAdmission(1, 4, 50*time.Millisecond, nil)
 	release, _ := a.acquire(context.Background())
 	defer release()
 	start := time.Now()
@@ -65,5 +65,33 @@ func TestAdmissionWaitBound(t *testing.T) {
 	cancel()
 	if _, err := a.acquire(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled wait: %v", err)
+	}
+}
+
+func TestAdmissionRefillWaitsForRequests(t *testing.T) {
+	idle := make(chan struct{}, 1)
+	a := newAdmission(4, 4, time.Second, func() { idle <- struct{}{} })
+	release, err := a.acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.tryAcquire(); ok {
+		t.Fatal("a refill shared the CPUs with a running request although slots were free")
+	}
+	release()
+	select {
+	case <-idle:
+	default:
+		t.Fatal("the pool was not told that the last request finished")
+	}
+	r, ok := a.tryAcquire()
+	if !ok {
+		t.Fatal("no request runs, yet the refill was refused")
+	}
+	r()
+	select {
+	case <-idle:
+		t.Fatal("background work's release counted as a request's")
+	default:
 	}
 }

@@ -111,8 +111,8 @@ func New(cfg Config, rt sandbox.Runtime, st sandbox.Store, tpl *template.Registr
 	sum := sha256.Sum256([]byte(cfg.DataDir))
 	m := &Manager{cfg: cfg, rt: rt, st: st, tpl: tpl, log: log, live: map[string]*Live{}, tombs: map[string]tomb{},
 		netPrefix: "cf" + hex.EncodeToString(sum[:3]) + "-"}
-	m.adm = newAdmission(max(cfg.StartConcurrency, 1), max(cfg.StartQueue, 1), cfg.StartWait)
 	m.pool = newPool(m, cfg.PoolReady, cfg.PoolShells)
+	m.adm = newAdmission(max(cfg.StartConcurrency, 1), max(cfg.StartQueue, 1), cfg.StartWait, m.pool.poke)
 	return m
 }
 

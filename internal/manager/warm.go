@@ -88,6 +88,7 @@ func (m *Manager) buildWarm(ctx context.Context, name, rootfs, image string) err
 // checkpointInto writes a checkpoint to a temporary directory and renames
 // it into place, so that a crash never leaves a half-written image at path.
 func (m *Manager) checkpointInto(ctx context.Context, rid, path string, leaveRunning bool) error {
+	defer m.adm.busy()()
 	tmp := path + ".tmp-" + randomHex(4)
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return err
