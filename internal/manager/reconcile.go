@@ -129,6 +129,9 @@ func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox) bool {
 		}
 	}
 	state, err := m.rt.State(ctx, rec.RuntimeID)
+	if err == nil && state == sandbox.RuntimeUnsure {
+		return m.adoptToDisk(ctx, rec)
+	}
 	if err != nil || (state != "running" && state != "paused") {
 		return false
 	}
@@ -162,6 +165,28 @@ func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox) bool {
 	}
 	m.register(&Live{rec: rec, box: b})
 	m.log.Info("adopted sandbox", "sandbox.id", rec.ID, "state", rec.State)
+	return true
+}
+
+// adoptToDisk takes over a sandbox a crash caught mid pause or resume. It
+// may be frozen, but whether a resume would thaw it is unknown; a
+// checkpoint is exact either way. So its state moves to disk and it stays
+// paused there (the interrupted call failed as far as its caller knows).
+func (m *Manager) adoptToDisk(ctx context.Context, rec *sandbox.Sandbox) bool {
+	img := m.pausedDir(rec.ID)
+	_ = os.RemoveAll(img)
+	if err := m.checkpointInto(ctx, rec.RuntimeID, img, true); err != nil {
+		m.log.Warn("saving a sandbox caught mid pause", "sandbox.id", rec.ID, "err", err)
+		return false
+	}
+	rec.State, rec.PausedImage = sandbox.StatePaused, img
+	if err := m.st.Put(ctx, rec); err != nil {
+		_ = os.RemoveAll(img)
+		return false
+	}
+	_ = m.destroyRuntime(ctx, rec.RuntimeID)
+	m.register(&Live{rec: rec})
+	m.log.Info("adopted sandbox caught mid pause, paused on disk", "sandbox.id", rec.ID)
 	return true
 }
 

@@ -133,6 +133,11 @@ type Stats struct {
 	MemoryCache uint64
 }
 
+// RuntimeUnsure is the Runtime.State of a sandbox a crash caught in the
+// middle of a pause or resume: it may be frozen, and whether Resume would
+// thaw it is unknown. It can still be checkpointed and destroyed.
+const RuntimeUnsure = "unsure"
+
 // Runtime starts and stops isolated sandboxes. Implementations must be safe
 // for concurrent use.
 type Runtime interface {
@@ -153,7 +158,7 @@ type Runtime interface {
 	// it. Destroying a sandbox that does not exist is not an error.
 	Destroy(ctx context.Context, runtimeID string) error
 	// State returns the runtime's status ("created", "running", "paused",
-	// "stopped"), or "" if the sandbox does not exist.
+	// "stopped", RuntimeUnsure), or "" if the sandbox does not exist.
 	State(ctx context.Context, runtimeID string) (string, error)
 	// List returns the runtime ids of every sandbox the runtime knows.
 	List(ctx context.Context) ([]string, error)

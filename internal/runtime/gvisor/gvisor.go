@@ -173,30 +173,17 @@ func (r *Runtime) Restore(ctx context.Context, s sandbox.Spec, image string, pre
 // be Destroyed.
 func (r *Runtime) Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
 	defer timing.Since(ctx, "checkpoint", time.Now())
-	args := []string{"checkpoint", "--compression=none", "--image-path=" + dir}
+	var err error
 	if leaveRunning {
-		args = append(args, "--leave-running")
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		err = r.checkpointLive(ctx, id, dir)
+	} else {
+		// The sandbox stops after the save; the CLI also records that.
+		_, err = r.runsc(ctx, 5*time.Minute, "checkpoint", "--compression=none", "--image-path="+dir, id)
 	}
-	if _, err := r.runsc(ctx, 5*time.Minute, append(args, id)...); err != nil {
+	if err != nil {
 		return fmt.Errorf("checkpointing sandbox %s: %w", id, err)
-	}
-	return nil
-}
-
-// Pause freezes every process of the sandbox; its memory stays in place.
-func (r *Runtime) Pause(ctx context.Context, id string) error {
-	defer timing.Since(ctx, "pause", time.Now())
-	if _, err := r.runsc(ctx, 30*time.Second, "pause", id); err != nil {
-		return fmt.Errorf("pausing sandbox %s: %w", id, err)
-	}
-	return nil
-}
-
-// Resume thaws a paused sandbox.
-func (r *Runtime) Resume(ctx context.Context, id string) error {
-	defer timing.Since(ctx, "resume", time.Now())
-	if _, err := r.runsc(ctx, 30*time.Second, "resume", id); err != nil {
-		return fmt.Errorf("resuming sandbox %s: %w", id, err)
 	}
 	return nil
 }
@@ -232,6 +219,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		return fmt.Errorf("deleting sandbox %s: %w", id, err)
 	}
 	removeCgroups(filepath.Join(r.cfg.CgroupParent, id))
+	r.clearMarks(id)
 	return nil
 }
 
@@ -246,8 +234,10 @@ type stateOut struct {
 	Status string `json:"status"`
 }
 
-// State returns runsc's status of the sandbox ("created", "running",
-// "paused", "stopped"), or "" if runsc does not know it.
+// State returns the status of the sandbox: runsc's ("created", "running",
+// "stopped"), "paused" after Pause, "" if runsc does not know it, or
+// sandbox.RuntimeUnsure after a pause or resume was cut short (or when the
+// runsc CLI paused it).
 func (r *Runtime) State(ctx context.Context, id string) (string, error) {
 	out, err := r.runsc(ctx, 10*time.Second, "state", id)
 	if err != nil {
@@ -259,6 +249,12 @@ func (r *Runtime) State(ctx context.Context, id string) (string, error) {
 	var st stateOut
 	if err := json.Unmarshal(out, &st); err != nil {
 		return "", fmt.Errorf("parsing runsc state: %w", err)
+	}
+	switch {
+	case st.Status == "paused" || st.Status == "running" && r.hasMark(id, markPausing):
+		return sandbox.RuntimeUnsure, nil
+	case st.Status == "running" && r.hasMark(id, markPaused):
+		return "paused", nil
 	}
 	return st.Status, nil
 }

@@ -182,4 +182,29 @@ func TestCheckpointRestorePause(t *testing.T) {
 	if st, _ := r.State(ctx, child); st != "running" {
 		t.Fatalf("state %q after Resume", st)
 	}
+
+	// A pause that a crash cut short: frozen, with an unknown count.
+	if err := r.Pause(ctx, child); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(r.mark(child, markPaused), r.mark(child, markPausing)); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := r.State(ctx, child); st != sandbox.RuntimeUnsure {
+		t.Fatalf("state %q after a cut-short pause", st)
+	}
+	if err := r.Resume(ctx, child); err == nil {
+		t.Fatal("resumed a sandbox whose pause count is unknown")
+	}
+	// It can still be saved, exactly: the way out for the daemon.
+	img2 := t.TempDir()
+	if err := r.Checkpoint(ctx, child, img2, true); err != nil {
+		t.Fatalf("checkpoint of a frozen sandbox: %v", err)
+	}
+	if err := r.Destroy(ctx, child); err != nil {
+		t.Fatal(err)
+	}
+	if r.hasMark(child, markPausing) || r.hasMark(child, markPaused) {
+		t.Error("Destroy left a pause mark behind")
+	}
 }
