@@ -43,17 +43,20 @@ func (r *Runtime) controlSocket(id string) (string, error) {
 	return "", fmt.Errorf("sandbox %s has no control socket (not running?)", id)
 }
 
+// errNotSent marks a control call that never reached the sentry.
+var errNotSent = errors.New("control call not sent")
+
 // control calls method on sandbox id's sentry with arg (and files, in
 // order) and waits for its reply, at most until ctx is done.
 func (r *Runtime) control(ctx context.Context, id, method string, arg any, files ...*os.File) error {
 	path, err := r.controlSocket(id)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", errNotSent, err)
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
-		return fmt.Errorf("connecting to sandbox %s: %w", id, err)
+		return fmt.Errorf("%w: connecting to sandbox %s: %w", errNotSent, id, err)
 	}
 	defer c.Close()
 	conn := c.(*net.UnixConn)
@@ -81,7 +84,8 @@ func (r *Runtime) control(ctx context.Context, id, method string, arg any, files
 	}
 	runtime.KeepAlive(files)
 	if err != nil {
-		return fmt.Errorf("calling %s on sandbox %s: %w", method, id, err)
+		// A message cut short does not decode: the sentry did nothing.
+		return fmt.Errorf("%w: calling %s on sandbox %s: %w", errNotSent, method, id, err)
 	}
 	var reply struct {
 		Success bool   `json:"success"`
@@ -124,8 +128,15 @@ func (r *Runtime) clearMarks(id string) {
 	_ = os.Remove(r.mark(id, markPaused))
 }
 
+// pauseTimeout bounds a pause or resume. Neither is cut short by the
+// caller going away: the call takes about a millisecond, and one cut short
+// leaves the pause count unknown.
+const pauseTimeout = 30 * time.Second
+
 // Pause freezes every process of the sandbox; its memory stays in place.
-// It returns once nothing runs.
+// It returns once nothing runs. If it fails once the call was sent, the
+// "pausing" mark stays: whether the sandbox froze is unknown (State says
+// sandbox.RuntimeUnsure).
 func (r *Runtime) Pause(ctx context.Context, id string) error {
 	defer timing.Since(ctx, "pause", time.Now())
 	if err := os.MkdirAll(filepath.Dir(r.mark(id, "")), 0o700); err != nil {
@@ -134,8 +145,12 @@ func (r *Runtime) Pause(ctx context.Context, id string) error {
 	if err := os.WriteFile(r.mark(id, markPausing), nil, 0o600); err != nil {
 		return err
 	}
-	if err := r.control(ctx, id, methodPause, nil); err != nil {
-		_ = os.Remove(r.mark(id, markPausing))
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
+	defer cancel()
+	if err := r.control(cctx, id, methodPause, nil); err != nil {
+		if errors.Is(err, errNotSent) {
+			_ = os.Remove(r.mark(id, markPausing))
+		}
 		return fmt.Errorf("pausing sandbox %s: %w", id, err)
 	}
 	return os.Rename(r.mark(id, markPausing), r.mark(id, markPaused))
@@ -150,7 +165,12 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 		}
 		return fmt.Errorf("resuming sandbox %s: not paused: %w", id, err)
 	}
-	if err := r.control(ctx, id, methodResume, nil); err != nil {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
+	defer cancel()
+	if err := r.control(cctx, id, methodResume, nil); err != nil {
+		if errors.Is(err, errNotSent) {
+			_ = os.Rename(r.mark(id, markPausing), r.mark(id, markPaused))
+		}
 		return fmt.Errorf("resuming sandbox %s: %w", id, err)
 	}
 	return os.Remove(r.mark(id, markPausing))
