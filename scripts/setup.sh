@@ -38,7 +38,8 @@ if [ "$(cat "$LIBDIR/runsc.version" 2>/dev/null)" != "$RUNSC_BUILD" ] || [ ! -x 
   step "building runsc $RUNSC_VERSION with precompiled seccomp filters (static, about two minutes)"
   mkdir -p "$LIBDIR/gvisor-bin"
   tmp=$(mktemp -d)
-  src=$(GOFLAGS=-mod=mod go mod download -json "gvisor.dev/gvisor@$RUNSC_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  # Outside this module, so that its go.mod is not touched.
+  src=$(cd "$tmp" && go mod download -json "gvisor.dev/gvisor@$RUNSC_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
   cp -r "$src" "$tmp/gvisor"
   chmod -R u+w "$tmp/gvisor"
   cp internal/runtime/gvisor/seccompgen/gen.go "$tmp/gvisor/cellfork_seccompgen.go"
