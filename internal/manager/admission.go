@@ -12,15 +12,15 @@ import (
 // so that a burst queues instead of thrashing the CPUs. Waiters are served
 // in arrival order; past maxWaiters, or after maxWait, a request is refused
 // with ErrUnavailable (HTTP 503 with Retry-After). Background work (the
-// pool's refill) runs only while no request holds or waits for a slot: a
-// restore is CPU-bound, and one sharing the CPUs with a refill takes longer.
-// Safe for concurrent use.
+// pool's refill) runs only while no request holds or waits for a slot and
+// no checkpoint runs: both are CPU-bound, and one sharing the CPUs with a
+// refill takes longer. Safe for concurrent use.
 type admission struct {
 	slots      chan struct{}
 	waiting    chan struct{} // one token per waiter
-	foreground atomic.Int32  // slots held by requests
+	foreground atomic.Int32  // requests holding or waiting for a slot, and busy work
 	maxWait    time.Duration
-	onIdle     func() // called when the last request releases its slot
+	onIdle     func() // called when the last foreground work ends
 }
 
 func newAdmission(concurrency, maxWaiters int, maxWait time.Duration, onIdle func()) *admission {
