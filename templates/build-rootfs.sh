@@ -21,11 +21,20 @@ debootstrap --variant=minbase --include="$pkgs" bookworm "$tmp" "$mirror" |
   awk '/^I: (Retrieving|Validating|Unpacking|Configuring) / {n++; if (n % 40 == 0) {print "rootfs:   " $0; fflush()}} /^[EW]: / {print; fflush()}'
 echo "rootfs: adding user 'user'"
 chroot "$tmp" /usr/sbin/useradd --create-home --uid 1000 --user-group --shell /bin/bash user
+# As in E2B's sandboxes, `user` may sudo without a password: the sandbox,
+# not the account, is the boundary (the API runs commands as root anyway).
+if [ -d "$tmp/etc/sudoers.d" ]; then
+  echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > "$tmp/etc/sudoers.d/user"
+  chmod 0440 "$tmp/etc/sudoers.d/user"
+fi
 chroot "$tmp" /usr/bin/apt-get clean
 rm -rf "$tmp"/var/lib/apt/lists/* "$tmp"/var/cache/apt/* "$tmp"/tmp/* "$tmp"/var/log/*
 # A login shell (every command runs as `bash -l -c`) would fork `id -u` in
 # /etc/profile; bash knows $EUID already, and a fork costs milliseconds in gVisor.
 sed -i 's/"$(id -u)"/"${EUID:-$(id -u)}"/' "$tmp/etc/profile"
+# root's .profile forks `mesg n` on every login shell, which has no
+# terminal to protect here.
+sed -i '/^mesg n/d' "$tmp/root/.profile"
 # Names resolve locally (socket.getfqdn() and friends must not wait on DNS).
 # DNS goes to the sandbox's gateway; where no resolver answers there,
 # lookups fail at once (port unreachable) instead of timing out.

@@ -98,10 +98,11 @@ func agentEnv() []string {
 // bootKey identifies the boot configuration a template's warm image
 // freezes: the agent's environment, the process limits it boots with, the
 // disk size, and the layout (/tmp on the root overlay, a sized /dev/shm,
-// the agent's CAP_SYS_RESOURCE). CPUs and memory are not frozen.
+// the agent's CAP_SYS_RESOURCE, set-user-ID programs allowed). CPUs and
+// memory are not frozen.
 func (m *Manager) bootKey(name string) string {
 	rl := m.initRlimits()
-	return fmt.Sprintf("%q rlimits=%d/%d disk=%d layout=3", agentEnv(), rl.PidsMax, rl.OpenFiles, m.templateLimits(name).DiskMB)
+	return fmt.Sprintf("%q rlimits=%d/%d disk=%d layout=4", agentEnv(), rl.PidsMax, rl.OpenFiles, m.templateLimits(name).DiskMB)
 }
 
 // newBox allocates a runtime id and a network for a box.

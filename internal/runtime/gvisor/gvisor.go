@@ -68,6 +68,10 @@ func (r *Runtime) globalFlags(logFile string, diskMB int) []string {
 		overlay,
 		"--host-settings=ignore",
 		"--restore-spec-validation=warning",
+		// sudo works for the sandbox's user, as in E2B: inside the
+		// sandbox root is no host privilege, and nothing the agent starts
+		// has CAP_SYS_RESOURCE to lift its limits.
+		"--allow-suid",
 	}
 	if logFile != "" {
 		f = append(f, "--log="+logFile)
