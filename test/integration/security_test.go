@@ -42,7 +42,9 @@ the suite ran on %s, with the outcome it required and the one it got.
   the cloud metadata service, the host's networks; or wants to take the
   host or its neighbours down by exhausting CPU, memory, processes, file
   descriptors or disk. It may run as the sandbox's ` + "`user`" + ` or as root
-  inside the sandbox.
+  inside the sandbox (` + "`user`" + ` may ` + "`sudo`" + `, as in E2B: root in the
+  sandbox is no host privilege, and has no CAP_SYS_RESOURCE to lift the
+  sandbox's limits).
 - **Untrusted callers of the API** send malformed, oversized or hostile
   input, wrong or missing keys and tokens, slow or idle connections.
 - **Crashes** (the daemon or runsc killed mid-operation) must not leave
