@@ -224,14 +224,22 @@ def pool_state():
 STUCK = []  # pool refills that timed out: later waits are short
 
 
-def wait_pool(ready=2, shells=2):
+def health_pool():
+    """(ready sandboxes over all templates, prepared shells, {snapshot id: standby ready}) from /health."""
+    p = httpx.get(URL + "/health", timeout=10).json().get("pool", {})
+    return sum(p.get("ready", {}).values()), p.get("shells", 0), p.get("standbys", {})
+
+
+def wait_pool(ready=2, shells=2, standby=None):
+    """Waits until the pool holds that many ready sandboxes and shells (and the snapshot's standby)."""
     t0, timeout = time.time(), 3 if STUCK else 20
     while time.time() - t0 < timeout:
-        r, s = pool_state()
-        if len(r) >= ready and len(s) >= shells:
+        r, s, sb = health_pool()
+        if r >= ready and s >= shells and (standby is None or sb.get(standby) == 1):
+            time.sleep(0.05)  # the refill that just finished hands back its slot
             return True
         time.sleep(0.05)
-    STUCK.append(f"{len(r)} ready + {len(s)} shells after {timeout} s, wanted {ready} + {shells}")
+    STUCK.append(f"{r} ready + {s} shells + standbys {sb} after {timeout} s, wanted {ready} + {shells} + {standby}")
     log("pool did not refill: " + STUCK[-1])
     return False
 
@@ -506,15 +514,22 @@ def op_restore(api, raw, C, parent):
     sb, sn = parent
     sid, prid, image = sn["snapshotID"], rid_of(sb), os.path.join(DATA, "snapshots", sn["snapshotID"])
     t = Table("Create from a snapshot",
-              "POST /v2/sandboxes {templateID: <snapshot id>} (bootMode restore; the ready pool never serves "
-              "snapshots). Concurrency c: c requests at once; every new sandbox must answer run_code. "
-              "c=1 waits for the prepared shells to refill between samples.")
+              "POST /v2/sandboxes {templateID: <snapshot id>}. Pool empty (bootMode restore): each sample and "
+              "each burst uses a snapshot taken just before (not timed) and deleted after, so no standby of it "
+              "exists. Standby (bootMode standby): the same snapshot again, once its standby is frozen and ready "
+              "(`--standby-snapshots`). Concurrency c: c requests at once; every new sandbox must answer run_code. "
+              "c=1 waits for the pool to refill between samples.")
     out = []
+
+    def fresh_snapshot():
+        return api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})[0]["snapshotID"]
+
     one, one_st, one_rc = [], [], []
     for _ in range(C["restore1"]):
+        fid = fresh_snapshot()
         wait_pool(ready=0, shells=2)
         t0 = time.perf_counter()
-        s, st, _ = api.create(sid)
+        s, st, _ = api.create(fid)
         api.run_code(s, "print(x + 1)", "42")
         one_rc.append(ms(t0))
         if s.get("bootMode") != "restore":
@@ -522,26 +537,45 @@ def op_restore(api, raw, C, parent):
         one.append(st["total"])
         one_st.append(st)
         api.kill(s)
+        api.call("DELETE", f"/snapshots/{fid}")
+    stb, stb_st, stb_rc = [], [], []
+    api.kill(api.create(sid)[0])  # a first use: the snapshot gets its standby
+    for _ in range(C["restore1"]):
+        wait_pool(ready=0, shells=2, standby=sid)
+        t0 = time.perf_counter()
+        s, st, _ = api.create(sid)
+        api.run_code(s, "print(x + 1)", "42")
+        stb_rc.append(ms(t0))
+        if s.get("bootMode") != "standby":
+            raise DaemonError(f"create from snapshot with a standby: bootMode {s.get('bootMode')}")
+        stb.append(st["total"])
+        stb_st.append(st)
+        api.kill(s)
     fresh, _ = raw.restores(prid, image, C["raw"])
     pre, _ = raw.restores(prid, image, C["raw"], prepared=True)
     t.add("c=1 (server total)", one, pre, SEEDS["restore"], target=80)
     t.phases(one_st)
     t.add("c=1 + first run_code answered (client wall)", one_rc, fresh)
+    t.add("c=1, standby ready (server total)", stb, pre, target=80)
+    t.phases(stb_st)
+    t.add("c=1, standby ready + first run_code answered (client wall)", stb_rc, fresh)
     t.add("raw `runsc restore` into a pre-created container (c=1)", pre)
     t.add("raw `runsc restore` into a new container (c=1)", fresh)
     for c in C["conc"]:
         totals, sts, walls, alls = [], [], [], []
         for _ in range(C["bursts"]):
+            fid = fresh_snapshot()
             wait_pool()
             t0 = time.perf_counter()
             with cf.ThreadPoolExecutor(c) as ex:
-                res = list(ex.map(lambda _: api.create(sid), range(c)))
+                res = list(ex.map(lambda _: api.create(fid), range(c)))
             walls.append(ms(t0))
             api.run_all([r[0] for r in res], "print(x + 1)", "42")
             alls.append(ms(t0))
             totals += [r[1]["total"] for r in res]
             sts += [r[1] for r in res]
             api.kill_all([r[0] for r in res])
+            api.call("DELETE", f"/snapshots/{fid}")
         rx, rwall = raw.restores(prid, image, c, parallel=True)
         t.add(f"c={c}, per request (server total)", totals, rx)
         t.phases(sts)
@@ -598,27 +632,48 @@ def op_fork(api, raw, C, parent):
 def op_rollback(api, raw, C, parent):
     t = Table("Rollback",
               "POST /sandboxes/{id}/rollback {snapshotID} after the REPL changed x; the sandbox keeps its id. "
-              "Client wall runs until run_code shows the snapshot's x again. Raw: `runsc restore` of the same image "
-              "into a pre-created container (the daemon restores into a prepared shell, deletes the old one async).")
+              "Client wall runs until run_code shows the snapshot's x again. No standby: each sample rolls back to "
+              "a snapshot taken just before (not timed), so the daemon restores it into a prepared shell and "
+              "deletes the old box async. Standby: the same snapshot every time, once its frozen standby is ready "
+              "(an agent returning to one state, with think time between). Raw: `runsc restore` of the same image "
+              "into a pre-created container.")
     sb = api.create()[0]
     try:
         api.run_code(sb, "x = 1")
         sn = api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})[0]
+
+        def sample(snapshot_id, standby):
+            api.run_code(sb, "x = 2")
+            wait_pool(ready=0, shells=2, standby=snapshot_id if standby else None)
+            t0 = time.perf_counter()
+            _, st, _ = api.call("POST", f"/sandboxes/{sb['sandboxID']}/rollback", {"snapshotID": snapshot_id})
+            api.run_code(sb, "print(x)", "1")
+            return st, ms(t0)
+
         totals, sts, alls = [], [], []
         for _ in range(C["rollback"]):
-            api.run_code(sb, "x = 2")
-            wait_pool(ready=0, shells=2)
-            t0 = time.perf_counter()
-            _, st, _ = api.call("POST", f"/sandboxes/{sb['sandboxID']}/rollback", {"snapshotID": sn["snapshotID"]})
-            api.run_code(sb, "print(x)", "1")
-            alls.append(ms(t0))
+            api.run_code(sb, "x = 1")
+            fid = api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})[0]["snapshotID"]
+            st, wall = sample(fid, False)
             totals.append(st["total"])
             sts.append(st)
+            alls.append(wall)
+            api.call("DELETE", f"/snapshots/{fid}")
+        s_totals, s_sts, s_alls = [], [], []
+        sample(sn["snapshotID"], False)  # a first use: the snapshot gets its standby
+        for _ in range(C["rollback"]):
+            st, wall = sample(sn["snapshotID"], True)
+            s_totals.append(st["total"])
+            s_sts.append(st)
+            s_alls.append(wall)
         image = os.path.join(DATA, "snapshots", sn["snapshotID"])
         pre, _ = raw.restores(rid_of(sb), image, C["raw"], prepared=True)
-        t.add("rollback (server total)", totals, pre, SEEDS["rollback"], target=80)
+        t.add("rollback, no standby (server total)", totals, pre, SEEDS["rollback"], target=80)
         t.phases(sts)
-        t.add("rollback + first run_code answered (client wall)", alls, pre)
+        t.add("rollback, no standby + first run_code answered (client wall)", alls, pre)
+        t.add("rollback onto a standby (server total)", s_totals, pre, SEEDS["rollback"], target=80)
+        t.phases(s_sts)
+        t.add("rollback onto a standby + first run_code answered (client wall)", s_alls, pre)
         t.add("raw `runsc restore` into a pre-created container", pre)
         api.call("DELETE", f"/snapshots/{sn['snapshotID']}")
     finally:

@@ -20,8 +20,8 @@ import (
 
 func (s *Server) routes() {
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		ready, shells := s.m.PoolStats()
-		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "pool": map[string]any{"ready": ready, "shells": shells}})
+		ready, shells, standbys := s.m.PoolStats()
+		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "pool": map[string]any{"ready": ready, "shells": shells, "standbys": standbys}})
 	})
 	s.mux.HandleFunc("GET /openapi.yaml", serveOpenAPI)
 	s.mux.HandleFunc("POST /v2/sandboxes", s.create)

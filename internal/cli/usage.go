@@ -43,7 +43,7 @@ const usageSandbox = `Usage: cellfork sandbox <create|list|kill> [flags]
 const usageCreate = `Usage: cellfork sandbox create [flags]
 
 Creates a sandbox and prints its id (--json: the full create response,
-including bootMode: pool, restore, boot or fork).
+including bootMode: pool, standby, restore, boot or fork).
 
   --template NAME   template to start from (default base)
   --snapshot SNAP   snapshot (id or name) to start from; the same as --template

@@ -53,6 +53,7 @@ type Config struct {
 	// largest fork, and how long a paused sandbox stays in memory.
 	PoolReady        int
 	PoolShells       int
+	StandbySnapshots int
 	StartConcurrency int
 	StartQueue       int
 	StartWait        time.Duration
@@ -86,6 +87,7 @@ func (c *Config) Validate() error {
 		min  int64
 	}{
 		{"--pool-ready", int64(c.PoolReady), 0}, {"--pool-shells", int64(c.PoolShells), 0},
+		{"--standby-snapshots", int64(c.StandbySnapshots), 0},
 		{"--start-concurrency", int64(c.StartConcurrency), 1}, {"--start-queue", int64(c.StartQueue), 1},
 		{"--max-fork", int64(c.MaxFork), 1}, {"--snapshot-cap-mb", c.SnapshotCapBytes, 0},
 		{"--start-wait", int64(c.StartWait), 1}, {"--spill-after", int64(c.SpillAfter), 0},
@@ -161,8 +163,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	m := manager.New(manager.Config{
 		DataDir: cfg.DataDir, DefaultLimits: cfg.DefaultLimits, MaxLimits: cfg.MaxLimits, TemplateLimits: tlimits,
 		DefaultTimeout: cfg.DefaultTimeout, MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
-		PoolReady: cfg.PoolReady, PoolShells: cfg.PoolShells, StartConcurrency: cfg.StartConcurrency,
-		StartQueue: cfg.StartQueue, StartWait: cfg.StartWait, SnapshotCapBytes: cfg.SnapshotCapBytes,
+		PoolReady: cfg.PoolReady, PoolShells: cfg.PoolShells, StandbySnapshots: cfg.StandbySnapshots,
+		StartConcurrency: cfg.StartConcurrency,
+		StartQueue:       cfg.StartQueue, StartWait: cfg.StartWait, SnapshotCapBytes: cfg.SnapshotCapBytes,
 		MaxFork: cfg.MaxFork, SpillAfter: cfg.SpillAfter, DNS: cfg.DNS, AgentPath: agentPath,
 	}, rt, st, tpl, log)
 	if err := m.Reconcile(ctx); err != nil {

@@ -79,9 +79,12 @@ func TestAdmissionRefillWaitsForRequests(t *testing.T) {
 		t.Fatal("a refill shared the CPUs with a running request although slots were free")
 	}
 	release()
+	if _, ok := a.tryAcquire(); ok {
+		t.Fatal("a refill started while the client's next request may still come")
+	}
 	select {
 	case <-idle:
-	default:
+	case <-time.After(time.Second):
 		t.Fatal("the pool was not told that the last request finished")
 	}
 	r, ok := a.tryAcquire()

@@ -174,6 +174,22 @@ func (m *Manager) restoreBox(ctx context.Context, image, rootfs string, limits s
 	return b, nil
 }
 
+// destroyLater destroys b off the caller's path, after delay (at once when
+// the manager closes); Close waits for it.
+func (m *Manager) destroyLater(b *box, delay time.Duration) {
+	m.destroyer.Add(1)
+	go func() {
+		defer m.destroyer.Done()
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-m.closing:
+		}
+		m.destroyBox(context.Background(), b)
+	}()
+}
+
 // destroyBox frees everything a box holds; it keeps going past errors.
 func (m *Manager) destroyBox(ctx context.Context, b *box) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)

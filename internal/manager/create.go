@@ -123,6 +123,7 @@ func (m *Manager) resolve(ctx context.Context, id string) (source, error) {
 // when it can, else restores the image, else boots; rec.BootMode says
 // which. On failure nothing of it is left behind.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sandbox, err error) {
+	defer m.adm.busy()()
 	t0 := time.Now()
 	src, err := m.resolve(ctx, req.TemplateID)
 	if err != nil {
@@ -167,6 +168,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *sandbox.San
 	if err := m.adoptNew(ctx, rec, b, req.Envs); err != nil {
 		return nil, err
 	}
+	if src.snapshot != nil {
+		m.pool.useStandby(src.snapshot, limits)
+	}
 	m.log.Info("sandbox created", "sandbox.id", rec.ID, "template", req.TemplateID, "mode", mode, "ms", time.Since(t0).Milliseconds())
 	return cloneRecord(rec), nil
 }
@@ -184,6 +188,11 @@ func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limit
 				return nil, "", err
 			}
 			return b, "pool", nil
+		}
+	}
+	if src.snapshot != nil {
+		if b := m.resumeStandby(ctx, src.snapshot.ID, limits); b != nil {
+			return b, "standby", nil
 		}
 	}
 	t0 := time.Now()

@@ -50,6 +50,9 @@ type Config struct {
 	// prepared shells to restore snapshots into.
 	PoolReady  int
 	PoolShells int
+	// StandbySnapshots is how many of the snapshots used last keep a
+	// frozen standby (standby.go); 0 turns standbys off.
+	StandbySnapshots int
 	// StartConcurrency bounds concurrent sandbox starts; StartQueue and
 	// StartWait bound how many wait and for how long before a 503.
 	StartConcurrency int
@@ -92,6 +95,9 @@ type Manager struct {
 	live  map[string]*Live // guarded by mu
 	tombs map[string]tomb  // guarded by mu: sandboxes that died on their own
 	snap  sync.Mutex       // serializes snapshot bookkeeping (cap, tree)
+
+	closing   chan struct{}  // closed by Close
+	destroyer sync.WaitGroup // destroys off the callers' paths (destroyLater)
 }
 
 // Live is a sandbox this daemon knows. Its lifecycle operations are
@@ -110,8 +116,8 @@ type Live struct {
 func New(cfg Config, rt sandbox.Runtime, st sandbox.Store, tpl *template.Registry, log *slog.Logger) *Manager {
 	sum := sha256.Sum256([]byte(cfg.DataDir))
 	m := &Manager{cfg: cfg, rt: rt, st: st, tpl: tpl, log: log, live: map[string]*Live{}, tombs: map[string]tomb{},
-		netPrefix: "cf" + hex.EncodeToString(sum[:3]) + "-"}
-	m.pool = newPool(m, cfg.PoolReady, cfg.PoolShells)
+		netPrefix: "cf" + hex.EncodeToString(sum[:3]) + "-", closing: make(chan struct{})}
+	m.pool = newPool(m, cfg.PoolReady, cfg.PoolShells, cfg.StandbySnapshots)
 	m.adm = newAdmission(max(cfg.StartConcurrency, 1), max(cfg.StartQueue, 1), cfg.StartWait, m.pool.poke)
 	return m
 }
@@ -359,14 +365,18 @@ func (m *Manager) expire(l *Live, id string) {
 	}
 }
 
-// PoolStats reports how many ready sandboxes per template and prepared
-// shells the pool holds.
-func (m *Manager) PoolStats() (ready map[string]int, shells int) { return m.pool.stats() }
+// PoolStats reports how many ready sandboxes per template, prepared shells
+// and snapshot standbys the pool holds.
+func (m *Manager) PoolStats() (ready map[string]int, shells int, standbys map[string]int) {
+	return m.pool.stats()
+}
 
 // Close stops the timers and the pool (destroying pooled boxes). Sandboxes
 // keep running; the next daemon adopts them.
 func (m *Manager) Close() {
 	m.pool.close()
+	close(m.closing)
+	m.destroyer.Wait()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, l := range m.live {

@@ -82,7 +82,7 @@ func (m *Manager) Spill(ctx context.Context, id string) error {
 		l.timer.Stop()
 	}
 	timing.Since(ctx, "spill", t0)
-	go m.destroyBox(context.Background(), old)
+	m.destroyLater(old, 0)
 	m.log.Info("paused sandbox moved to disk", "sandbox.id", id, "bytes", imageSize(img))
 	return nil
 }

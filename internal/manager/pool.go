@@ -31,12 +31,14 @@ type pool struct {
 	readyBackoff time.Time // guarded by mu: after a failed refill, shells go first
 	shellRootfs  string    // rootfs the shells are prepared on
 	shellLimits  sandbox.Limits
+	standbys     []*standby // guarded by mu; least recently used first (standby.go)
+	standbyMax   int
 }
 
-func newPool(m *Manager, readyTarget, shellTarget int) *pool {
+func newPool(m *Manager, readyTarget, shellTarget, standbyMax int) *pool {
 	stopped, stop := context.WithCancel(context.Background())
 	return &pool{
-		m: m, readyTarget: readyTarget, shellTarget: shellTarget,
+		m: m, readyTarget: readyTarget, shellTarget: shellTarget, standbyMax: standbyMax,
 		kick: make(chan struct{}, 1), stopped: stopped, stop: stop, done: make(chan struct{}),
 		ready: map[string][]*box{}, warm: map[string]warmImage{},
 	}
@@ -131,9 +133,6 @@ const fillTimeout = 30 * time.Second
 // do, no slot is free, or it failed (the next tick retries).
 func (p *pool) fillOne() bool {
 	name, w, shell := p.next()
-	if name == "" && !shell {
-		return false
-	}
 	release, ok := p.m.adm.tryAcquire()
 	if !ok {
 		return false
@@ -143,6 +142,14 @@ func (p *pool) fillOne() bool {
 	// (and the daemon's shutdown, which waits for it) never hangs on one.
 	ctx, cancel := context.WithTimeout(p.stopped, fillTimeout)
 	defer cancel()
+	if name == "" && !shell {
+		s := p.nextStandby()
+		if s == nil {
+			return false
+		}
+		p.fillStandby(ctx, s)
+		return true
+	}
 	if name != "" {
 		lim := p.m.templateLimits(name)
 		b, err := p.m.restoreBox(ctx, w.image, w.rootfs, lim)
@@ -219,6 +226,9 @@ func (p *pool) close() {
 		all = append(all, bs...)
 	}
 	all = append(all, p.shells...)
+	for len(p.standbys) > 0 {
+		all = append(all, p.forget(p.standbys[0])...)
+	}
 	p.ready, p.shells = map[string][]*box{}, nil
 	p.mu.Unlock()
 	var wg sync.WaitGroup
@@ -229,12 +239,19 @@ func (p *pool) close() {
 }
 
 // stats reports the pool's fill for /metrics-style reporting.
-func (p *pool) stats() (ready map[string]int, shells int) {
+func (p *pool) stats() (ready map[string]int, shells int, standbys map[string]int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ready = map[string]int{}
+	ready, standbys = map[string]int{}, map[string]int{}
 	for n, bs := range p.ready {
 		ready[n] = len(bs)
 	}
-	return ready, len(p.shells)
+	for _, s := range p.standbys {
+		if s.box != nil {
+			standbys[s.id] = 1
+		} else {
+			standbys[s.id] = 0
+		}
+	}
+	return ready, len(p.shells), standbys
 }

@@ -202,6 +202,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, idOrName string) error {
 		}
 		l.mu.Unlock()
 	}
+	m.pool.dropStandby(sn.ID)
 	m.images.remove(sn.Image)
 	m.log.Info("snapshot deleted", "snapshot.id", sn.ID)
 	return nil
@@ -286,6 +287,7 @@ func (m *Manager) inTree(ctx context.Context, rec *sandbox.Sandbox, sn *sandbox.
 // id, same address, the snapshot's state. The new state is started before
 // the old one is dropped, so a failed rollback leaves the sandbox as it was.
 func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.Sandbox, error) {
+	defer m.adm.busy()()
 	sn, err := m.findSnapshot(ctx, snapshot)
 	if err != nil {
 		return nil, err
@@ -311,18 +313,20 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.S
 	if err := frozenFits("snapshot "+sn.ID, sn.Limits(), lim); err != nil {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "cannot roll sandbox %q back: %v", id, err)
 	}
-	release, err := m.adm.acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	nb, err := m.restoreBox(ctx, sn.Image, sn.Rootfs, lim)
-	release()
-	if err == nil {
-		if err = errors.Join(m.applyPolicy(nb, l.rec.Network), m.postInit(ctx, nb.transport, nil, &lim)); err != nil {
-			m.destroyBox(context.WithoutCancel(ctx), nb)
+	nb := m.resumeStandby(ctx, sn.ID, lim)
+	if nb == nil {
+		release, err := m.adm.acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		nb, err = m.restoreBox(ctx, sn.Image, sn.Rootfs, lim)
+		release()
+		if err != nil {
+			return nil, fmt.Errorf("rolling back sandbox %s: %w", id, err)
 		}
 	}
-	if err != nil {
+	if err := errors.Join(m.applyPolicy(nb, l.rec.Network), m.postInit(ctx, nb.transport, nil, &lim)); err != nil {
+		m.destroyBox(context.WithoutCancel(ctx), nb)
 		return nil, fmt.Errorf("rolling back sandbox %s: %w", id, err)
 	}
 	old, oldRID, oldBase := l.box, l.rec.RuntimeID, l.rec.BaseSnapshot
@@ -333,7 +337,10 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.S
 		return nil, err
 	}
 	m.watchBox(ctx, l, nb)
-	go m.destroyBox(context.Background(), old) // off the critical path
+	// Off the critical path, and after the client's next request: a
+	// destroy costs CPU that request would wait for.
+	m.destroyLater(old, idleGrace)
+	m.pool.useStandby(sn, lim)
 	m.log.Info("sandbox rolled back", "sandbox.id", id, "snapshot.id", sn.ID)
 	return cloneRecord(l.rec), nil
 }
@@ -453,7 +460,7 @@ func (m *Manager) Merge(ctx context.Context, parentID, childID string) (*sandbox
 	if err := m.st.Delete(ctx, childID); err != nil {
 		m.log.Warn("deleting merged child record", "sandbox.id", childID, "err", err)
 	}
-	go m.destroyBox(context.Background(), old)
+	m.destroyLater(old, 0)
 	m.log.Info("sandbox merged", "sandbox.id", parentID, "child", childID)
 	return cloneRecord(p.rec), nil
 }

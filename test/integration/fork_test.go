@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -295,5 +296,78 @@ func TestMerge(t *testing.T) {
 	}
 	if got := stdoutOf(runCode(t, b, "print(marker)")); got != "from-b\n" {
 		t.Errorf("other child changed: %q", got)
+	}
+}
+
+// standbyOf says whether the snapshot's frozen standby is ready.
+func standbyOf(t *testing.T, snapshotID string) bool {
+	t.Helper()
+	var h struct {
+		Pool struct {
+			Standbys map[string]int `json:"standbys"`
+		} `json:"pool"`
+	}
+	call(t, "GET", "/health", nil).json(t, &h)
+	return h.Pool.Standbys[snapshotID] == 1
+}
+
+// TestStandby: a snapshot rolled back to (or created from) once keeps a
+// standby, restored and frozen at once; the next rollback or create
+// resumes it. Its state is the snapshot's, not one that ran on meanwhile.
+func TestStandby(t *testing.T) {
+	sb := create(t, map[string]any{"timeout": 300})
+	st := seed(t, sb, "standby")
+	// A clock inside: it ticks every 50 ms while the sandbox runs.
+	run(t, sb, "", "nohup bash -c 'i=0; while :; do i=$((i+1)); echo $i > /home/user/ticks; sleep 0.05; done' >/dev/null 2>&1 &")
+	time.Sleep(300 * time.Millisecond)
+	sid := snapshotOf(t, sb.SandboxID, "")
+	ticks := func(sb sandboxInfo) int {
+		out, _, _ := run(t, sb, "", "cat /home/user/ticks")
+		n, _ := strconv.Atoi(strings.TrimSpace(out))
+		return n
+	}
+	atSnapshot := ticks(sb)
+
+	mutate(t, sb, "after")
+	if r := call(t, "POST", "/sandboxes/"+sb.SandboxID+"/rollback", map[string]string{"snapshotID": sid}); r.status != 200 {
+		t.Fatalf("rollback: %d %s", r.status, r.body)
+	}
+	eventually(t, 30*time.Second, "the snapshot's standby", func() bool { return standbyOf(t, sid) })
+	time.Sleep(time.Second) // a running copy would tick 20 times meanwhile
+
+	mutate(t, sb, "after again")
+	r := call(t, "POST", "/sandboxes/"+sb.SandboxID+"/rollback", map[string]string{"snapshotID": sid})
+	if r.status != 200 {
+		t.Fatalf("rollback onto the standby: %d %s", r.status, r.body)
+	}
+	if timing := r.header.Get("Server-Timing"); !strings.Contains(timing, "resume") || strings.Contains(timing, "restore") {
+		t.Errorf("the rollback did not resume the standby: Server-Timing %q", timing)
+	}
+	check(t, sb, st)
+	if got := ticks(sb); got > atSnapshot+10 {
+		t.Errorf("the standby ran on while frozen: %d ticks, %d at the snapshot", got, atSnapshot)
+	}
+
+	// A create from the snapshot takes the standby the rollback left.
+	eventually(t, 30*time.Second, "the standby to refill", func() bool { return standbyOf(t, sid) })
+	child := create(t, map[string]any{"templateID": sid, "timeout": 300})
+	if got := info(t, child.SandboxID)["bootMode"]; got != "standby" {
+		t.Errorf("create from the snapshot: bootMode %v, want standby", got)
+	}
+	check(t, child, st)
+
+	// Deleting the snapshot drops its standby.
+	eventually(t, 30*time.Second, "the standby to refill", func() bool { return standbyOf(t, sid) })
+	if r := call(t, "DELETE", "/templates/"+sid, nil); r.status != 204 {
+		t.Fatalf("delete snapshot: %d %s", r.status, r.body)
+	}
+	var h struct {
+		Pool struct {
+			Standbys map[string]int `json:"standbys"`
+		} `json:"pool"`
+	}
+	call(t, "GET", "/health", nil).json(t, &h)
+	if _, ok := h.Pool.Standbys[sid]; ok {
+		t.Errorf("a deleted snapshot keeps its standby entry: %v", h.Pool.Standbys)
 	}
 }

@@ -167,7 +167,7 @@ class CreatedSandbox:
     envd_version: str | None
     access_token: str | None
     traffic_access_token: str | None
-    # How the sandbox started: "pool", "restore", "boot" or "fork" (ours).
+    # How the sandbox started: "pool", "standby", "restore", "boot" or "fork" (ours).
     boot_mode: str | None = None
 
 

@@ -45,7 +45,7 @@ class SandboxInfo:
     metadata: dict[str, str] = field(default_factory=dict)
     # Lineage (cellfork extensions to E2B's SandboxDetail; None when the
     # daemon does not say, e.g. in ``Sandbox.list()``):
-    #: how the sandbox started: "pool", "restore", "boot" or "fork"
+    #: how the sandbox started: "pool", "standby", "restore", "boot" or "fork"
     boot_mode: str | None = None
     #: the sandbox this one was forked from
     parent_sandbox_id: str | None = None

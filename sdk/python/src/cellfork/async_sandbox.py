@@ -85,8 +85,9 @@ class AsyncSandbox:
     @property
     def boot_mode(self) -> str | None:
         """How the daemon started this sandbox: ``"pool"`` (a ready one
-        was handed out), ``"restore"`` (from a snapshot or warm image),
-        ``"boot"`` or ``"fork"``; None if it did not say."""
+        was handed out), ``"standby"`` (a snapshot's frozen standby was
+        resumed), ``"restore"`` (from a snapshot or warm image), ``"boot"``
+        or ``"fork"``; None if it did not say."""
         return self._core.created.boot_mode
 
     def __repr__(self) -> str:
