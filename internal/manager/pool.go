@@ -143,11 +143,11 @@ func (p *pool) fillOne() bool {
 	ctx, cancel := context.WithTimeout(p.stopped, fillTimeout)
 	defer cancel()
 	if name == "" && !shell {
-		s := p.nextStandby()
+		s, limits := p.nextStandby()
 		if s == nil {
 			return false
 		}
-		p.fillStandby(ctx, s)
+		p.fillStandby(ctx, s, limits)
 		return true
 	}
 	if name != "" {

@@ -99,27 +99,29 @@ func (p *pool) destroyAll(bs []*box) {
 	}
 }
 
-// nextStandby picks a standby to fill, most recently used first, and marks
-// it filling; nil if none is missing.
-func (p *pool) nextStandby() *standby {
+// nextStandby picks a standby to fill, most recently used first, marks it
+// filling and returns it with the limits to fill it with; nil if none is
+// missing.
+func (p *pool) nextStandby() (*standby, sandbox.Limits) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, s := range slices.Backward(p.standbys) {
 		if s.box == nil && !s.filling && time.Now().After(s.backoff) {
 			s.filling = true
-			return s
+			return s, s.limits
 		}
 	}
-	return nil
+	return nil, sandbox.Limits{}
 }
 
-// fillStandby restores s's snapshot and freezes it once its agent answers.
-func (p *pool) fillStandby(ctx context.Context, s *standby) {
+// fillStandby restores s's snapshot (image and rootfs never change) with
+// limits and freezes it once its agent answers.
+func (p *pool) fillStandby(ctx context.Context, s *standby, limits sandbox.Limits) {
 	p.m.images.acquire(s.image)
 	defer p.m.images.release(s.image)
-	b, err := p.m.restoreBox(ctx, s.image, s.rootfs, s.limits)
+	b, err := p.m.restoreBox(ctx, s.image, s.rootfs, limits)
 	if err == nil {
-		err = p.m.readyForHandOff(ctx, b, s.limits)
+		err = p.m.readyForHandOff(ctx, b, limits)
 	}
 	if err == nil {
 		if err = p.m.rt.Pause(ctx, b.rid); err != nil {
@@ -134,7 +136,7 @@ func (p *pool) fillStandby(ctx context.Context, s *standby) {
 		p.m.log.Error("preparing a standby", "snapshot.id", s.id, "err", err)
 		return
 	}
-	keep := !s.dropped && p.stopped.Err() == nil
+	keep := !s.dropped && s.limits == limits && p.stopped.Err() == nil
 	if keep {
 		s.box = b
 	}
