@@ -524,33 +524,33 @@ def op_restore(api, raw, C, parent):
     def fresh_snapshot():
         return api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})[0]["snapshotID"]
 
-    one, one_st, one_rc = [], [], []
+    def create_one(snapshot_id, mode, standby=None):
+        """One create from the snapshot, timed until it answers run_code: (server timing, client wall)."""
+        wait_pool(ready=0, shells=2, standby=standby)
+        t0 = time.perf_counter()
+        s, st, _ = api.create(snapshot_id)
+        api.run_code(s, "print(x + 1)", "42")
+        wall = ms(t0)
+        if s.get("bootMode") != mode:
+            raise DaemonError(f"create from snapshot: bootMode {s.get('bootMode')}, want {mode}")
+        api.kill(s)
+        return st, wall
+
+    one_st, one_rc = [], []
     for _ in range(C["restore1"]):
         fid = fresh_snapshot()
-        wait_pool(ready=0, shells=2)
-        t0 = time.perf_counter()
-        s, st, _ = api.create(fid)
-        api.run_code(s, "print(x + 1)", "42")
-        one_rc.append(ms(t0))
-        if s.get("bootMode") != "restore":
-            raise DaemonError(f"create from snapshot: bootMode {s.get('bootMode')}")
-        one.append(st["total"])
+        st, wall = create_one(fid, "restore")
         one_st.append(st)
-        api.kill(s)
+        one_rc.append(wall)
         api.call("DELETE", f"/snapshots/{fid}")
-    stb, stb_st, stb_rc = [], [], []
+    one = [st["total"] for st in one_st]
     api.kill(api.create(sid)[0])  # a first use: the snapshot gets its standby
+    stb_st, stb_rc = [], []
     for _ in range(C["restore1"]):
-        wait_pool(ready=0, shells=2, standby=sid)
-        t0 = time.perf_counter()
-        s, st, _ = api.create(sid)
-        api.run_code(s, "print(x + 1)", "42")
-        stb_rc.append(ms(t0))
-        if s.get("bootMode") != "standby":
-            raise DaemonError(f"create from snapshot with a standby: bootMode {s.get('bootMode')}")
-        stb.append(st["total"])
+        st, wall = create_one(sid, "standby", standby=sid)
         stb_st.append(st)
-        api.kill(s)
+        stb_rc.append(wall)
+    stb = [st["total"] for st in stb_st]
     fresh, _ = raw.restores(prid, image, C["raw"])
     pre, _ = raw.restores(prid, image, C["raw"], prepared=True)
     t.add("c=1 (server total)", one, pre, SEEDS["restore"], target=80)
