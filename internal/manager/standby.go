@@ -13,7 +13,7 @@ import (
 // many times. For the --standby-snapshots snapshots used last, the pool
 // keeps one sandbox restored from it, with the limits it was last used
 // with, and freezes it as soon as its agent answers. The next create or
-// rollback from that snapshot resumes it (about 2 ms) instead of restoring
+// rollback from that snapshot resumes it (a few ms) instead of restoring
 // (about 180 ms). Its state is the snapshot's: frozen right after the
 // restore, it has run no longer than a restored sandbox runs before its
 // hand-off.
