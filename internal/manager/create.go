@@ -226,7 +226,7 @@ func (m *Manager) adoptNew(ctx context.Context, rec *sandbox.Sandbox, b *box, en
 	}
 	t0 = time.Now()
 	if err == nil {
-		err = m.applyRlimits(ctx, b, envs, rec.Limits())
+		err = m.applyRlimits(ctx, b, sandboxEnvs(rec, envs), rec.Limits())
 	}
 	if err != nil {
 		cctx := context.WithoutCancel(ctx)
@@ -244,6 +244,22 @@ func orEmpty(m map[string]string) map[string]string {
 		return map[string]string{}
 	}
 	return maps.Clone(m)
+}
+
+// sandboxEnvs is what the agent of rec's box gets as environment
+// variables at hand-off: E2B's identity variables (E2B_SANDBOX,
+// E2B_SANDBOX_ID, E2B_TEMPLATE_ID, E2B_TEAM_ID; the agent also writes them
+// to /run/e2b/.NAME), then envs, which win. A box restored from another
+// sandbox's state carries that sandbox's values until it gets these.
+func sandboxEnvs(rec *sandbox.Sandbox, envs map[string]string) map[string]string {
+	out := map[string]string{
+		"E2B_SANDBOX":     "true",
+		"E2B_SANDBOX_ID":  rec.ID,
+		"E2B_TEMPLATE_ID": rec.TemplateID,
+		"E2B_TEAM_ID":     "cellfork", // one team per daemon, as clientID
+	}
+	maps.Copy(out, envs)
+	return out
 }
 
 // postInit hands the agent the sandbox's settings (POST /init, as E2B's

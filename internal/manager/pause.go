@@ -121,7 +121,7 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 		b, err := m.restoreBox(ctx, l.rec.PausedImage, l.rec.Rootfs, limits)
 		release()
 		if err == nil {
-			if err = errors.Join(m.applyPolicy(b, l.rec.Network), m.postInit(ctx, b.transport, nil, &limits)); err != nil {
+			if err = errors.Join(m.applyPolicy(b, l.rec.Network), m.postInit(ctx, b.transport, sandboxEnvs(l.rec, nil), &limits)); err != nil {
 				m.destroyBox(context.WithoutCancel(ctx), b)
 			}
 		}

@@ -325,7 +325,7 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.S
 			return nil, fmt.Errorf("rolling back sandbox %s: %w", id, err)
 		}
 	}
-	if err := errors.Join(m.applyPolicy(nb, l.rec.Network), m.postInit(ctx, nb.transport, nil, &lim)); err != nil {
+	if err := errors.Join(m.applyPolicy(nb, l.rec.Network), m.postInit(ctx, nb.transport, sandboxEnvs(l.rec, nil), &lim)); err != nil {
 		m.destroyBox(context.WithoutCancel(ctx), nb)
 		return nil, fmt.Errorf("rolling back sandbox %s: %w", id, err)
 	}
@@ -447,11 +447,15 @@ func (m *Manager) Merge(ctx context.Context, parentID, childID string) (*sandbox
 	if err := m.applyPolicy(c.box, p.rec.Network); err != nil { // the parent's policy stays
 		return nil, err
 	}
+	if err := m.postInit(ctx, c.box.transport, sandboxEnvs(p.rec, nil), nil); err != nil { // and its identity
+		return nil, err
+	}
 	old := p.box
 	prev := *p.rec
 	p.box, p.rec.RuntimeID, p.rec.BaseSnapshot = c.box, c.box.rid, c.rec.BaseSnapshot
 	if err := m.st.Put(ctx, p.rec); err != nil {
 		p.box, *p.rec = old, prev
+		_ = m.postInit(context.WithoutCancel(ctx), c.box.transport, sandboxEnvs(c.rec, nil), nil)
 		return nil, err
 	}
 	m.watchBox(ctx, p, p.box)

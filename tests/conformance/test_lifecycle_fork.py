@@ -461,3 +461,28 @@ async def test_async_pause_and_connect(make_async_sandbox):
     assert await AsyncE2BSandbox.pause(sbx.sandbox_id) is True
     assert await sbx.connect() is sbx
     await _async_state(sbx, pid, "async paused")
+
+
+# --- E2B's identity variables ------------------------------------------------------
+
+
+IDENTITY = 'echo "$E2B_SANDBOX $E2B_SANDBOX_ID $E2B_TEMPLATE_ID"; cat /run/e2b/.E2B_SANDBOX_ID'
+
+
+def test_identity_variables_name_each_sandbox(make_sandbox, cleanup):
+    """E2B sets E2B_SANDBOX, E2B_SANDBOX_ID, E2B_TEAM_ID and E2B_TEMPLATE_ID
+    for commands and code, and keeps them as dot files in /run/e2b; a fork
+    child is another sandbox and says so."""
+    sbx = make_sandbox(cls=Sandbox, envs={"E2B_TEAM_ID": "mine"})
+    sid, tpl = sbx.sandbox_id, sbx.get_info().template_id
+    assert sbx.commands.run(IDENTITY).stdout == f"true {sid} {tpl}\n{sid}"
+    assert sbx.commands.run("echo $E2B_TEAM_ID", user="root").stdout == "mine\n"  # the create's envs win
+    code = "import os; print(os.environ['E2B_SANDBOX_ID'])"
+    assert sbx.run_code(code).logs.stdout == [f"{sid}\n"]
+
+    child = cleanup.sandbox(sbx.fork(count=1, timeout=90)[0])
+    assert isinstance(child, Sandbox)
+    cid = child.sandbox_id
+    assert child.commands.run(IDENTITY).stdout == f"true {cid} {tpl}\n{cid}"
+    assert child.run_code(code).logs.stdout == [f"{cid}\n"]
+    assert sbx.commands.run(IDENTITY).stdout == f"true {sid} {tpl}\n{sid}"

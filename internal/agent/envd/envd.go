@@ -14,9 +14,11 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log"
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -136,11 +138,34 @@ func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) bool 
 		}
 	}
 	s.Init(req.DefaultUser, req.DefaultWorkdir, req.EnvVars)
+	writeIdentity(identityDir, req.EnvVars)
 	if req.MaxUploadBytes > 0 {
 		s.SetMaxUpload(req.MaxUploadBytes)
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return true
+}
+
+// identityDir is where E2B's sandboxes keep their identity variables as
+// dot files, for shells that did not get them (a terminal, a cron job).
+const identityDir = "/run/e2b"
+
+// writeIdentity writes E2B's identity variables among envs to dir/.NAME
+// (best effort: the variables themselves are what matters).
+func writeIdentity(dir string, envs map[string]string) {
+	for _, name := range []string{"E2B_SANDBOX", "E2B_SANDBOX_ID", "E2B_TEAM_ID", "E2B_TEMPLATE_ID"} {
+		v, ok := envs[name]
+		if !ok {
+			continue
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			log.Printf("writing %s: %v", dir, err)
+			return
+		}
+		if err := os.WriteFile(filepath.Join(dir, "."+name), []byte(v), 0o644); err != nil {
+			log.Printf("writing %s: %v", name, err)
+		}
+	}
 }
 
 func containsNUL(s string) bool {
