@@ -121,6 +121,9 @@ type newSandboxBody struct {
 	Secure              *bool             `json:"secure"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	AutoPause           *bool             `json:"autoPause"`
+	AutoResume          *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
 	Network             *networkBody      `json:"network"`
 	// Ours: limits; absent = the template's (or snapshot's).
 	CPUCount   *int `json:"cpuCount"`
@@ -206,7 +209,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := manager.CreateRequest{TemplateID: *b.TemplateID, Metadata: b.Metadata, Envs: b.EnvVars,
-		Limits: limits, OnTimeout: b.onTimeout()}
+		Limits: limits, OnTimeout: b.onTimeout(), AutoResume: b.AutoResume != nil && b.AutoResume.Enabled}
 	if b.Network != nil || b.AllowInternetAccess != nil {
 		n, err := b.Network.policy(b.AllowInternetAccess)
 		if err != nil {
@@ -281,7 +284,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, detailBody{
 		listedBody: listedJSON(sb), EnvdAccessToken: sb.AccessToken, Domain: s.domain(),
 		AllowInternetAccess: sb.Network.AllowInternet, Network: networkJSON(sb.Network),
-		Lifecycle:       map[string]any{"autoResume": false, "onTimeout": sb.OnTimeout},
+		Lifecycle:       map[string]any{"autoResume": sb.AutoResume, "onTimeout": sb.OnTimeout},
 		ParentSandboxID: sb.ParentID, SnapshotID: sb.BaseSnapshot, BootMode: sb.BootMode,
 	})
 }

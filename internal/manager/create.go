@@ -29,6 +29,9 @@ type CreateRequest struct {
 	// template's defaults, or the snapshot's).
 	Limits    sandbox.Limits
 	OnTimeout string // "kill" (default) or "pause"
+	// AutoResume: traffic to the paused sandbox resumes it (needs OnTimeout
+	// "pause", as in E2B).
+	AutoResume bool
 	// Network is the policy; nil means the snapshot's, or the default.
 	Network *sandbox.Network
 }
@@ -76,6 +79,9 @@ func (m *Manager) normalize(req *CreateRequest) error {
 	}
 	if req.OnTimeout == "" {
 		req.OnTimeout = "kill"
+	}
+	if req.AutoResume && req.OnTimeout != "pause" {
+		return errdefs.New(errdefs.ErrInvalidArgument, "autoResume needs autoPause: only a sandbox that pauses on timeout can resume on traffic")
 	}
 	if req.Network != nil {
 		if _, err := policyOf(*req.Network); err != nil {
@@ -150,7 +156,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *sandbox.San
 		ID: newID(), TemplateID: req.TemplateID,
 		State: sandbox.StateRunning, StartedAt: now, EndAt: now.Add(req.Timeout),
 		Metadata: orEmpty(req.Metadata), Envs: orEmpty(req.Envs),
-		AccessToken: randomHex(16), OnTimeout: req.OnTimeout, Rootfs: src.rootfs,
+		AccessToken: randomHex(16), OnTimeout: req.OnTimeout, AutoResume: req.AutoResume, Rootfs: src.rootfs,
 	}
 	rec.SetLimits(limits)
 	rec.Network = sandbox.DefaultNetwork

@@ -34,6 +34,9 @@ type Sandbox struct {
 	OpenFiles   int    // 0 in records of older daemons: see Limits
 	AccessToken string // envd access token (X-Access-Token)
 	OnTimeout   string // "kill" or "pause"
+	// AutoResume (with OnTimeout "pause"): a data-plane request to the
+	// paused sandbox resumes it, as E2B's lifecycle.autoResume.
+	AutoResume bool
 	// Rootfs is the template root filesystem the sandbox runs on; restores
 	// of its state need the same one.
 	Rootfs string

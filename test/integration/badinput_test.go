@@ -29,6 +29,7 @@ func TestBadInputControlPlane(t *testing.T) {
 		{"negative timeout", "POST", "/v2/sandboxes", `{"templateID":"base","timeout":-5}`, nil, 400},
 		{"timeout over max", "POST", "/v2/sandboxes", `{"templateID":"base","timeout":99999999}`, nil, 400},
 		{"too many cpus", "POST", "/v2/sandboxes", `{"templateID":"base","cpuCount":512}`, nil, 400},
+		{"autoResume without autoPause", "POST", "/v2/sandboxes", `{"templateID":"base","autoResume":{"enabled":true}}`, nil, 400},
 		{"env name with =", "POST", "/v2/sandboxes", `{"templateID":"base","envVars":{"A=B":"x"}}`, nil, 400},
 		{"unknown sandbox get", "GET", "/sandboxes/nosuchsandbox0000000", nil, nil, 404},
 		{"unknown sandbox kill", "DELETE", "/sandboxes/nosuchsandbox0000000", nil, nil, 404},

@@ -379,6 +379,32 @@ def test_lifecycle_on_timeout_pause(make_sandbox):
     assert cmd is not None and "sleep 1000" in cmd
 
 
+def test_lifecycle_auto_resume_wakes_on_traffic(make_sandbox):
+    sbx = make_sandbox(Sandbox, timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    assert sbx.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": True}
+    sbx.run_code("cf_woken = 'yes'")
+    assert sbx.pause() is True
+    assert sbx.get_info().state == SandboxState.PAUSED
+    # The SDK's health check does not wake it; a request with its token does.
+    assert sbx.is_running() is False
+    assert sbx.get_info().state == SandboxState.PAUSED
+    assert sbx.run_code("cf_woken").text == "yes"
+    assert sbx.get_info().state == SandboxState.RUNNING
+
+    other = make_sandbox(Sandbox, timeout=120, lifecycle={"on_timeout": "pause"})
+    assert other.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": False}
+    other.pause()
+    with pytest.raises(Exception):
+        other.files.read("/etc/hostname")
+    assert other.get_info().state == SandboxState.PAUSED
+
+
+def test_auto_resume_needs_pause_on_timeout(e2b_env):
+    # The SDK refuses it before sending; the daemon does too (tests/fuzz, api.md).
+    with pytest.raises(Exception):
+        Sandbox.create(timeout=30, lifecycle={"on_timeout": "kill", "auto_resume": True})
+
+
 def test_lifecycle_default_is_kill(stateful):
     # (That such a sandbox really dies: test_sandbox_lifecycle.py.)
     sbx, _ = stateful
