@@ -124,7 +124,7 @@ type newSandboxBody struct {
 	AutoResume          *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
-	Network             *networkBody      `json:"network"`
+	Network *networkBody `json:"network"`
 	// Ours: limits; absent = the template's (or snapshot's).
 	CPUCount   *int `json:"cpuCount"`
 	MemoryMB   *int `json:"memoryMB"`
