@@ -121,16 +121,19 @@ type newSandboxBody struct {
 	Secure              *bool             `json:"secure"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	AutoPause           *bool             `json:"autoPause"`
-	AutoResume          *struct {
-		Enabled bool `json:"enabled"`
-	} `json:"autoResume"`
-	Network *networkBody `json:"network"`
+	AutoResume          *autoResumeBody   `json:"autoResume"`
+	Network             *networkBody      `json:"network"`
 	// Ours: limits; absent = the template's (or snapshot's).
 	CPUCount   *int `json:"cpuCount"`
 	MemoryMB   *int `json:"memoryMB"`
 	DiskSizeMB *int `json:"diskSizeMB"`
 	PidsMax    *int `json:"pidsMax"`
 	OpenFiles  *int `json:"openFiles"`
+}
+
+// autoResumeBody is E2B's SandboxAutoResumeConfig.
+type autoResumeBody struct {
+	Enabled bool `json:"enabled"`
 }
 
 // limits returns the limits the body asks for (zero: not asked). A limit
