@@ -13,20 +13,22 @@ import (
 // in arrival order; past maxWaiters, or after maxWait, a request is refused
 // with ErrUnavailable (HTTP 503 with Retry-After). Background work (the
 // pool's refill) runs only while no request holds or waits for a slot and
-// no other foreground work runs (busy), and not before idleGrace has passed
-// since the last ended: restores and checkpoints are CPU-bound, and so is a
-// refill, and a client's next request (the first run_code after a create)
-// follows the last at once. Safe for concurrent use.
+// no other foreground work runs (busy): restores and checkpoints are
+// CPU-bound, and so is a refill. Speculative background work (standbys)
+// also waits idleGrace after the last foreground work ended, so that the
+// client's next request (the first run_code after a rollback) goes first.
+// Safe for concurrent use.
 type admission struct {
 	slots      chan struct{}
 	waiting    chan struct{} // one token per waiter
 	foreground atomic.Int32  // requests holding or waiting for a slot, and busy work
 	lastEnd    atomic.Int64  // when foreground work last ended (UnixNano)
 	maxWait    time.Duration
-	onIdle     func() // called idleGrace after the last foreground work ended
+	onIdle     func() // called when the last foreground work ends, and idleGrace later
 }
 
-// idleGrace is how long background work waits after foreground work.
+// idleGrace is how long speculative background work waits after
+// foreground work.
 const idleGrace = 250 * time.Millisecond
 
 func newAdmission(concurrency, maxWaiters int, maxWait time.Duration, onIdle func()) *admission {
@@ -60,6 +62,7 @@ func (a *admission) releaseForeground() {
 	if a.foreground.Add(-1) == 0 {
 		a.lastEnd.Store(time.Now().UnixNano())
 		if a.onIdle != nil {
+			a.onIdle()
 			time.AfterFunc(idleGrace, a.onIdle)
 		}
 	}
@@ -89,11 +92,11 @@ func (a *admission) wait(ctx context.Context) (func(), error) {
 	}
 }
 
-// tryAcquire takes a slot only if no foreground work runs or ended less
-// than idleGrace ago: how background work (pool refill) stays out of the
-// foreground's way.
-func (a *admission) tryAcquire() (func(), bool) {
-	if a.foreground.Load() > 0 || time.Since(time.Unix(0, a.lastEnd.Load())) < idleGrace {
+// tryAcquire takes a slot only if no foreground work runs (and, for
+// speculative work, none ended less than idleGrace ago): how background
+// work (pool refill) stays out of the foreground's way.
+func (a *admission) tryAcquire(speculative bool) (func(), bool) {
+	if a.foreground.Load() > 0 || speculative && time.Since(time.Unix(0, a.lastEnd.Load())) < idleGrace {
 		return nil, false
 	}
 	select {
@@ -106,7 +109,5 @@ func (a *admission) tryAcquire() (func(), bool) {
 
 func (a *admission) release() { <-a.slots }
 
-// idle reports whether no start runs or waits, and background work may go.
-func (a *admission) idle() bool {
-	return len(a.slots) == 0 && a.foreground.Load() == 0 && time.Since(time.Unix(0, a.lastEnd.Load())) >= idleGrace
-}
+// idle reports whether no start runs or waits.
+func (a *admission) idle() bool { return len(a.slots) == 0 && a.foreground.Load() == 0 }

@@ -15,7 +15,7 @@ func TestAdmissionQueuesInOrderThenRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := a.tryAcquire(); ok {
+	if _, ok := a.tryAcquire(false); ok {
 		t.Fatal("background work took the only slot")
 	}
 	order := make(chan int, 2)
@@ -35,7 +35,7 @@ func TestAdmissionQueuesInOrderThenRefuses(t *testing.T) {
 	if _, err := a.acquire(context.Background()); !errors.Is(err, errdefs.ErrUnavailable) || errdefs.UserMessage(err) == "" {
 		t.Fatalf("third waiter: %v", err)
 	}
-	if _, ok := a.tryAcquire(); ok {
+	if _, ok := a.tryAcquire(false); ok {
 		t.Fatal("background work jumped the queue")
 	}
 	release()
@@ -45,7 +45,7 @@ func TestAdmissionQueuesInOrderThenRefuses(t *testing.T) {
 	for deadline := time.Now().Add(time.Second); !a.idle() && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond) // the waiters hold their slot 10 ms
 	}
-	if r, ok := a.tryAcquire(); !ok {
+	if r, ok := a.tryAcquire(false); !ok {
 		t.Fatal("idle gate refused background work")
 	} else {
 		r()
@@ -69,32 +69,42 @@ func TestAdmissionWaitBound(t *testing.T) {
 }
 
 func TestAdmissionRefillWaitsForRequests(t *testing.T) {
-	idle := make(chan struct{}, 1)
+	idle := make(chan struct{}, 2)
 	a := newAdmission(4, 4, time.Second, func() { idle <- struct{}{} })
 	release, err := a.acquire(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := a.tryAcquire(); ok {
+	if _, ok := a.tryAcquire(false); ok {
 		t.Fatal("a refill shared the CPUs with a running request although slots were free")
 	}
 	release()
-	if _, ok := a.tryAcquire(); ok {
-		t.Fatal("a refill started while the client's next request may still come")
-	}
 	select {
 	case <-idle:
-	case <-time.After(time.Second):
-		t.Fatal("the pool was not told that the last request finished")
+	default:
+		t.Fatal("the pool was not told at once that the last request finished")
 	}
-	r, ok := a.tryAcquire()
+	if _, ok := a.tryAcquire(true); ok {
+		t.Fatal("a standby fill started while the client's next request may still come")
+	}
+	r, ok := a.tryAcquire(false)
 	if !ok {
 		t.Fatal("no request runs, yet the refill was refused")
 	}
 	r()
 	select {
 	case <-idle:
+	case <-time.After(time.Second):
+		t.Fatal("the pool was not told again once the grace ended")
+	}
+	if r, ok := a.tryAcquire(true); !ok {
+		t.Fatal("the grace ended, yet the standby fill was refused")
+	} else {
+		r()
+	}
+	select {
+	case <-idle:
 		t.Fatal("background work's release counted as a request's")
-	default:
+	case <-time.After(2 * idleGrace):
 	}
 }

@@ -129,7 +129,6 @@ func (m *Manager) resolve(ctx context.Context, id string) (source, error) {
 // when it can, else restores the image, else boots; rec.BootMode says
 // which. On failure nothing of it is left behind.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sandbox, err error) {
-	defer m.adm.busy()()
 	t0 := time.Now()
 	src, err := m.resolve(ctx, req.TemplateID)
 	if err != nil {

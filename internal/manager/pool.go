@@ -133,7 +133,10 @@ const fillTimeout = 30 * time.Second
 // do, no slot is free, or it failed (the next tick retries).
 func (p *pool) fillOne() bool {
 	name, w, shell := p.next()
-	release, ok := p.m.adm.tryAcquire()
+	// Ready boxes and shells are what requests take next: they refill as
+	// soon as nothing runs. Standbys are a guess: they wait a moment more.
+	speculative := name == "" && !shell
+	release, ok := p.m.adm.tryAcquire(speculative)
 	if !ok {
 		return false
 	}
@@ -142,7 +145,7 @@ func (p *pool) fillOne() bool {
 	// (and the daemon's shutdown, which waits for it) never hangs on one.
 	ctx, cancel := context.WithTimeout(p.stopped, fillTimeout)
 	defer cancel()
-	if name == "" && !shell {
+	if speculative {
 		s, limits := p.nextStandby()
 		if s == nil {
 			return false

@@ -111,7 +111,7 @@ func (s *Snapshot) Limits() Limits {
 // Spec is what the runtime needs to start a sandbox.
 type Spec struct {
 	RuntimeID string
-	BundleDir string   // per-sandbox directory for the OCI bundle and logs
+	BundleDir string   // per-sandbox directory for the OCI bundle and logs, named RuntimeID
 	Rootfs    string   // read-only lower layer; writes stay in sandbox memory
 	Args      []string // init process (the agent)
 	Env       []string

@@ -15,6 +15,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -80,8 +82,9 @@ func (r *Runtime) globalFlags(logFile string, diskMB int) []string {
 }
 
 // runsc runs one short runsc command with a timeout and returns its output.
+// The caller going away does not cut it short (see detached).
 func (r *Runtime) runsc(ctx context.Context, timeout time.Duration, args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, r.cfg.Runsc, append(r.globalFlags("", 0), args...)...)
 	cmd.SysProcAttr = diesWithDaemon()
@@ -99,6 +102,10 @@ func (r *Runtime) runsc(ctx context.Context, timeout time.Duration, args ...stri
 // sandbox).
 func (r *Runtime) writeBundle(ctx context.Context, s sandbox.Spec) (*os.File, error) {
 	defer timing.Since(ctx, "bundle", time.Now())
+	if filepath.Base(s.BundleDir) != s.RuntimeID {
+		// processes() finds a sandbox's processes by it.
+		return nil, fmt.Errorf("bundle directory %s is not named after sandbox %s", s.BundleDir, s.RuntimeID)
+	}
 	b, err := json.MarshalIndent(ociSpec(s, filepath.Join(r.cfg.CgroupParent, s.RuntimeID)), "", "  ")
 	if err != nil {
 		return nil, err
@@ -116,7 +123,11 @@ func (r *Runtime) writeBundle(ctx context.Context, s sandbox.Spec) (*os.File, er
 // restore). On failure it destroys whatever the command left (gVisor G7).
 func (r *Runtime) detached(ctx context.Context, phase string, s sandbox.Spec, out *os.File, args ...string) error {
 	defer timing.Since(ctx, phase, time.Now())
-	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	// Never cut short by the caller (a client gone, the pool closing): a
+	// runsc killed between starting the sandbox and writing its state
+	// leaves a sandbox no runsc command can name, running for good. The
+	// caller destroys what it no longer wants once this returns.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
 	defer cancel()
 	full := append(r.globalFlags(filepath.Join(s.BundleDir, "runsc.log"), s.Limits.DiskMB), args...)
 	cmd := exec.CommandContext(rctx, r.cfg.Runsc, full...)
@@ -222,6 +233,11 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err != nil && !notExist(err) {
 		return fmt.Errorf("deleting sandbox %s: %w", id, err)
 	}
+	// runsc may not know it while its processes run: a runsc killed (with
+	// the daemon) before it wrote the sandbox's state.
+	for _, pid := range r.processes()[id] {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 	removeCgroups(filepath.Join(r.cfg.CgroupParent, id))
 	r.clearMarks(id)
 	return nil
@@ -277,7 +293,47 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	for _, s := range sts {
 		ids = append(ids, s.ID)
 	}
+	for id := range r.processes() {
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id) // strays: see Destroy
+		}
+	}
 	return ids, nil
+}
+
+// processes finds the sandbox and gofer processes of this runsc root, by
+// sandbox id. A sandbox's log is <bundle>/runsc.log, and bundles are named
+// by sandbox id, so the id is read from the --log flag.
+func (r *Runtime) processes() map[string][]int {
+	out := map[string][]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if args[0] != "runsc-sandbox" && args[0] != "runsc-gofer" {
+			continue
+		}
+		var root, log string
+		for _, a := range args[1:] {
+			if v, ok := strings.CutPrefix(a, "--root="); ok {
+				root = v
+			} else if v, ok := strings.CutPrefix(a, "--log="); ok {
+				log = v
+			}
+		}
+		if root == r.cfg.Root && filepath.Base(log) == "runsc.log" {
+			id := filepath.Base(filepath.Dir(log))
+			out[id] = append(out[id], pid)
+		}
+	}
+	return out
 }
 
 // SetPidsMax resizes the sandbox's host pids cgroup to fit pidsMax

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -57,7 +58,7 @@ func TestStartStatsDestroy(t *testing.T) {
 	start := time.Now()
 	err = r.Start(ctx, sandbox.Spec{
 		RuntimeID: id,
-		BundleDir: filepath.Join(t.TempDir(), "bundle"),
+		BundleDir: filepath.Join(t.TempDir(), id),
 		Rootfs:    "/",
 		Args:      []string{"/bin/sh", "-c", "echo hi > /written-inside; exec sleep 1000"},
 		Env:       []string{"PATH=/usr/bin:/bin"},
@@ -99,7 +100,7 @@ func TestStartStatsDestroy(t *testing.T) {
 
 func spec(t *testing.T, id string, n *netns.Network, args ...string) sandbox.Spec {
 	return sandbox.Spec{
-		RuntimeID: id, BundleDir: filepath.Join(t.TempDir(), "bundle"), Rootfs: "/",
+		RuntimeID: id, BundleDir: filepath.Join(t.TempDir(), id), Rootfs: "/",
 		Args: args, Env: []string{"PATH=/usr/bin:/bin"}, NetnsPath: n.SandboxPath(),
 		Limits: sandbox.Limits{CPUCount: 1, MemoryMB: 256, PidsMax: 100, OpenFiles: 1024},
 	}
@@ -206,5 +207,40 @@ func TestCheckpointRestorePause(t *testing.T) {
 	}
 	if r.hasMark(child, markPausing) || r.hasMark(child, markPaused) {
 		t.Error("Destroy left a pause mark behind")
+	}
+}
+
+// TestDestroyStray: a sandbox whose runsc state is gone (runsc killed, with
+// the daemon, before it wrote it) is still listed and destroyed.
+func TestDestroyStray(t *testing.T) {
+	r := newTestRuntime(t)
+	ctx := context.Background()
+	id := randomID()
+	n := newNet(t)
+	if err := r.Start(ctx, spec(t, id, n, "/bin/sh", "-c", "exec sleep 1000")); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Destroy(ctx, id)
+	pids := r.processes()[id]
+	if len(pids) < 2 {
+		t.Fatalf("sandbox and gofer processes of %s: %v", id, pids)
+	}
+	states, _ := filepath.Glob(filepath.Join(r.cfg.Root, "*"+id+"*.state"))
+	for _, f := range states {
+		_ = os.Remove(f)
+	}
+	if len(states) == 0 {
+		t.Fatal("no runsc state file to remove")
+	}
+	if ids, err := r.List(ctx); err != nil || !slices.Contains(ids, id) {
+		t.Fatalf("List = %v, %v; want the stray %s", ids, err, id)
+	}
+	if err := r.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); len(r.processes()[id]) > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("processes left after Destroy: %v", r.processes()[id])
+		}
 	}
 }
