@@ -86,9 +86,12 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 	if err != nil && sb != nil && sb.AutoResume && r.URL.Path != "/health" && s.checkAccess(r, t, sb) == "" {
 		// E2B's lifecycle.autoResume: a request the sandbox would take
 		// wakes it (for the default lifetime); /health never does.
-		if _, err = s.m.Resume(r.Context(), t.sandboxID, 0); err == nil {
-			tr, sb, alive, err = s.m.Endpoint(t.sandboxID)
+		if _, err := s.m.Resume(r.Context(), t.sandboxID, 0); err != nil {
+			_, msg := s.errorOf(r, err)
+			proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The paused sandbox could not be resumed: "+msg)
+			return
 		}
+		tr, sb, alive, err = s.m.Endpoint(t.sandboxID)
 	}
 	if err != nil {
 		// The SDKs key on "was not found"; the detail says why (paused,
