@@ -3,7 +3,6 @@ package manager
 import (
 	"context"
 	"slices"
-	"time"
 
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
@@ -24,8 +23,7 @@ type standby struct {
 	limits            sandbox.Limits
 	box               *box // frozen, ready to resume; nil while missing
 	filling           bool
-	dropped           bool      // evicted or its snapshot deleted
-	backoff           time.Time // after a failed fill
+	dropped           bool // evicted, failed, or its snapshot deleted
 }
 
 // useStandby records that sn was just used with limits: it gets (or keeps)
@@ -106,7 +104,7 @@ func (p *pool) nextStandby() (*standby, sandbox.Limits) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, s := range slices.Backward(p.standbys) {
-		if s.box == nil && !s.filling && time.Now().After(s.backoff) {
+		if s.box == nil && !s.filling {
 			s.filling = true
 			return s, s.limits
 		}
@@ -131,9 +129,13 @@ func (p *pool) fillStandby(ctx context.Context, s *standby, limits sandbox.Limit
 	p.mu.Lock()
 	s.filling = false
 	if err != nil {
-		s.backoff = time.Now().Add(5 * time.Second)
+		// Forgotten, not retried (its snapshot may be gone); the next use
+		// of the snapshot asks again.
+		if !s.dropped {
+			p.forget(s)
+		}
 		p.mu.Unlock()
-		p.m.log.Error("preparing a standby", "snapshot.id", s.id, "err", err)
+		p.m.log.Warn("preparing a standby", "snapshot.id", s.id, "err", err)
 		return
 	}
 	keep := !s.dropped && s.limits == limits && p.stopped.Err() == nil
