@@ -114,8 +114,11 @@ const (
 	markPaused  = "paused"
 )
 
+// marksDir holds the pause marks, beside runsc's root (New creates it).
+func marksDir(root string) string { return root + ".pause" }
+
 func (r *Runtime) mark(id, kind string) string {
-	return filepath.Join(r.cfg.Root+".pause", id+"."+kind)
+	return filepath.Join(marksDir(r.cfg.Root), id+"."+kind)
 }
 
 func (r *Runtime) hasMark(id, kind string) bool {
@@ -139,9 +142,6 @@ const pauseTimeout = 30 * time.Second
 // sandbox.RuntimeUnsure).
 func (r *Runtime) Pause(ctx context.Context, id string) error {
 	defer timing.Since(ctx, "pause", time.Now())
-	if err := os.MkdirAll(filepath.Dir(r.mark(id, "")), 0o700); err != nil {
-		return err
-	}
 	if err := os.WriteFile(r.mark(id, markPausing), nil, 0o600); err != nil {
 		return err
 	}

@@ -49,8 +49,10 @@ func New(cfg Config) (*Runtime, error) {
 	if _, err := os.Stat(cfg.Runsc); err != nil {
 		return nil, fmt.Errorf("runsc not found at %s (run `make setup`): %w", cfg.Runsc, err)
 	}
-	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
-		return nil, fmt.Errorf("creating runsc root: %w", err)
+	for _, dir := range []string{cfg.Root, marksDir(cfg.Root)} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("creating runsc root: %w", err)
+		}
 	}
 	return &Runtime{cfg: cfg}, nil
 }

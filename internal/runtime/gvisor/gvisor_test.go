@@ -25,7 +25,7 @@ func newTestRuntime(t *testing.T) *Runtime {
 	if os.Geteuid() != 0 {
 		t.Fatal("gVisor tests need root")
 	}
-	root := t.TempDir()
+	root := filepath.Join(t.TempDir(), "runsc") // its pause marks go beside it
 	// runsc bind-mounts a shared "null" network namespace into its root.
 	t.Cleanup(func() {
 		for unix.Unmount(filepath.Join(root, "null-netns"), unix.MNT_DETACH) == nil {
