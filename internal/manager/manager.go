@@ -91,6 +91,15 @@ type Manager struct {
 	// other data directories keep theirs.
 	netPrefix string
 
+	// Lock order (a lock may be taken while holding only those before it):
+	//
+	//	Live.mu (two at most, in id order: Merge)
+	//	  -> snap
+	//	    -> pool.mu, imageRefs.mu, mu (leaves: nothing is taken under them)
+	//
+	// So nothing holding snap or mu waits for a sandbox: code that visits
+	// every sandbox copies the live set under mu, releases it, then locks
+	// each Live in turn.
 	mu    sync.Mutex
 	live  map[string]*Live // guarded by mu
 	tombs map[string]tomb  // guarded by mu: sandboxes that died on their own
@@ -378,8 +387,9 @@ func (m *Manager) Close() {
 	close(m.closing)
 	m.destroyer.Wait()
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, l := range m.live {
+	lives := slices.Collect(maps.Values(m.live))
+	m.mu.Unlock()
+	for _, l := range lives {
 		l.mu.Lock()
 		if l.timer != nil {
 			l.timer.Stop()

@@ -165,30 +165,18 @@ func (m *Manager) GetSnapshot(ctx context.Context, idOrName string) (*sandbox.Sn
 }
 
 // DeleteSnapshot removes a snapshot and, once no restore reads it, its
-// image. Its children in the tree move up to its parent.
+// image. Its children in the tree move up to its parent, and so do the
+// sandboxes based on it.
+//
+// The tree is rewritten under snap; the sandboxes are re-based after snap
+// is released, each under its own mu (lock order: Live.mu before snap, see
+// Manager). A snapshot being taken of a sandbox meanwhile holds that
+// sandbox's mu until its base is recorded, so the re-base sees it.
 func (m *Manager) DeleteSnapshot(ctx context.Context, idOrName string) error {
-	sn, err := m.findSnapshot(ctx, idOrName)
+	sn, err := m.unrecordSnapshot(ctx, idOrName)
 	if err != nil {
 		return err
 	}
-	m.snap.Lock()
-	defer m.snap.Unlock()
-	all, err := m.st.ListSnapshots(ctx)
-	if err != nil {
-		return err
-	}
-	for _, c := range all {
-		if c.ParentID == sn.ID {
-			c.ParentID = sn.ParentID
-			if err := m.st.PutSnapshot(ctx, c); err != nil {
-				return err
-			}
-		}
-	}
-	if err := m.st.DeleteSnapshot(ctx, sn.ID); err != nil {
-		return err
-	}
-	// Sandboxes based on it now descend from its parent.
 	m.mu.Lock()
 	lives := slices.Collect(maps.Values(m.live))
 	m.mu.Unlock()
@@ -206,6 +194,33 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, idOrName string) error {
 	m.images.remove(sn.Image)
 	m.log.Info("snapshot deleted", "snapshot.id", sn.ID)
 	return nil
+}
+
+// unrecordSnapshot deletes a snapshot's record under snap, moving its
+// children up to its parent, and returns it.
+func (m *Manager) unrecordSnapshot(ctx context.Context, idOrName string) (*sandbox.Snapshot, error) {
+	m.snap.Lock()
+	defer m.snap.Unlock()
+	sn, err := m.findSnapshot(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	all, err := m.st.ListSnapshots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range all {
+		if c.ParentID == sn.ID {
+			c.ParentID = sn.ParentID
+			if err := m.st.PutSnapshot(ctx, c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := m.st.DeleteSnapshot(ctx, sn.ID); err != nil {
+		return nil, err
+	}
+	return sn, nil
 }
 
 // imageRefs counts restores reading each image, so that deleting an image

@@ -139,9 +139,15 @@ func startDaemon(dataDir, addr string) (*daemon, error) {
 }
 
 func startDaemonWith(dataDir, addr string, extra ...string) (*daemon, error) {
+	return startDaemonBin(filepath.Join(repoRoot, "bin", "cellfork"), dataDir, addr, extra...)
+}
+
+// startDaemonBin starts the daemon binary bin (a build of cmd/cellfork)
+// with the test flags and extra.
+func startDaemonBin(bin, dataDir, addr string, extra ...string) (*daemon, error) {
 	dm := &daemon{url: "http://" + addr, dataDir: dataDir, log: &bytes.Buffer{}, logMu: &sync.Mutex{}}
 	args := append([]string{"serve", "--addr", addr, "--data-dir", dataDir, "--template-dir", templateDir()}, testFlags...)
-	dm.cmd = exec.Command(filepath.Join(repoRoot, "bin", "cellfork"), append(args, extra...)...)
+	dm.cmd = exec.Command(bin, append(args, extra...)...)
 	dm.cmd.Env = append(os.Environ(), "CELLFORK_API_KEY="+apiKey)
 	dm.cmd.Stdout = lockedBuffer{dm.logMu, dm.log}
 	dm.cmd.Stderr = dm.cmd.Stdout
