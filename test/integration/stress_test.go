@@ -34,7 +34,7 @@ func TestConcurrencyStress(t *testing.T) {
 		t.Fatalf("building the daemon with -race: %v\n%s", err, out)
 	}
 	dataDir := t.TempDir()
-	dm, err := startDaemonBin(bin, dataDir, freeAddr(), "--pool-ready", "1", "--pool-shells", "1", "--standby-snapshots", "1", "--spill-after", "2s")
+	dm, err := startDaemonBin(bin, dataDir, freeAddr(), "--agent-dir", filepath.Join(repoRoot, "bin"), "--pool-ready", "1", "--pool-shells", "1", "--standby-snapshots", "1", "--spill-after", "2s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,6 +64,7 @@ func TestConcurrencyStress(t *testing.T) {
 				})
 			}
 			wg.Wait()
+			w.trim()
 			t.Logf("%s x %s: ok", a, b)
 		}
 	}
@@ -138,6 +139,18 @@ func (w *world) pick(list []string) string {
 	return list[len(list)-1]
 }
 
+// pop removes and returns the newest entry of list, "" if none.
+func (w *world) pop(list *[]string) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(*list) == 0 {
+		return ""
+	}
+	v := (*list)[len(*list)-1]
+	*list = (*list)[:len(*list)-1]
+	return v
+}
+
 // prepare makes sure the parent runs and has a snapshot and a fork child.
 func (w *world) prepare() {
 	w.mu.Lock()
@@ -182,14 +195,16 @@ func (w *world) do(op string) {
 		w.req("DELETE", "/snapshots/"+w.pick(w.snaps), nil)
 	case "fork":
 		var kids []struct {
-			SandboxID string `json:"sandboxID"`
+			Sandbox *struct {
+				SandboxID string `json:"sandboxID"`
+			} `json:"sandbox"`
 		}
 		r := w.req("POST", "/sandboxes/"+parent+"/fork", map[string]any{"count": 1, "timeout": 120})
 		_ = json.Unmarshal(r.body, &kids)
 		for _, k := range kids {
-			if k.SandboxID != "" {
+			if k.Sandbox != nil {
 				w.mu.Lock()
-				w.children = append(w.children, k.SandboxID)
+				w.children = append(w.children, k.Sandbox.SandboxID)
 				w.mu.Unlock()
 			}
 		}
@@ -202,12 +217,12 @@ func (w *world) do(op string) {
 	case "resume":
 		w.req("POST", "/sandboxes/"+parent+"/resume", map[string]any{"timeout": 600})
 	case "kill":
-		// A child, a created sandbox, or (last) the parent itself.
-		target := w.pick(w.children)
-		if target == "none" {
-			target = w.pick(w.created)
+		// A child, a created sandbox, or (once both are gone) the parent.
+		target := w.pop(&w.children)
+		if target == "" {
+			target = w.pop(&w.created)
 		}
-		if target == "none" {
+		if target == "" {
 			target = parent
 		}
 		w.req("DELETE", "/sandboxes/"+target, nil)
@@ -217,6 +232,18 @@ func (w *world) do(op string) {
 		w.req("GET", "/sandboxes/"+parent, nil)
 	default:
 		panic(fmt.Sprintf("unknown op %q", op))
+	}
+}
+
+// trim kills the fork children and created sandboxes, keeping the parent,
+// so that sandboxes do not pile up between pairs.
+func (w *world) trim() {
+	w.mu.Lock()
+	ids := append(w.children, w.created...)
+	w.children, w.created = nil, nil
+	w.mu.Unlock()
+	for _, id := range ids {
+		w.req("DELETE", "/sandboxes/"+id, nil)
 	}
 }
 
