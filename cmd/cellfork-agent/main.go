@@ -5,6 +5,7 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"log"
 	"net/http"
 	"net/netip"
@@ -15,6 +16,7 @@ import (
 	"github.com/cellfork/cellfork/internal/agent"
 	"github.com/cellfork/cellfork/internal/agent/codeinterp"
 	"github.com/cellfork/cellfork/internal/agent/envd"
+	wire "github.com/cellfork/cellfork/internal/envd"
 )
 
 // daemonAddr is where the daemon's connections come from: the sandbox's
@@ -22,8 +24,8 @@ import (
 var daemonAddr = netip.MustParseAddr("10.88.0.1")
 
 func main() {
-	envdAddr := flag.String("envd-addr", ":49983", "envd listen address")
-	codeAddr := flag.String("code-addr", ":49999", "code interpreter listen address")
+	envdAddr := flag.String("envd-addr", fmt.Sprintf(":%d", wire.Port), "envd listen address")
+	codeAddr := flag.String("code-addr", fmt.Sprintf(":%d", wire.CodeInterpreterPort), "code interpreter listen address")
 	kernel := flag.String("kernel", "", "python kernel helper (default: kernel.py beside this executable)")
 	flag.Parse()
 	if *kernel == "" {

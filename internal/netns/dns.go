@@ -91,7 +91,7 @@ func (n *Network) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 		return
 	}
 	name := strings.TrimSuffix(strings.ToLower(q.Question[0].Name), ".")
-	if p := n.currentPolicy(); !p.resolves(name) {
+	if p := n.currentPolicy(); !resolves(&p, name) {
 		reply(dns.RcodeRefused)
 		return
 	}

@@ -14,6 +14,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
 // Egress: each network gets an uplink, a veth pair from its router
@@ -33,22 +35,12 @@ const (
 	deniedName   = "denied"
 )
 
-// Policy is a sandbox's egress policy. Always-blocked destinations stay
-// blocked whatever it says. As in E2B, an allow rule wins over a deny rule.
-type Policy struct {
-	AllowInternet bool           // public destinations not denied below
-	AllowOut      []netip.Prefix // allowed even if private or denied (never the always-blocked ones)
-	DenyOut       []netip.Prefix // denied even if public
-	// Domains are allowed names ("example.com", "*.example.com" for its
-	// subdomains), enforced on HTTP (Host, port 80) and TLS (SNI, port 443)
-	// by the network's proxy, which connects to what the name resolves to,
-	// never to the address the sandbox asked for.
-	Domains []string
-}
+// Policy is a sandbox's egress policy (sandbox.ParsePolicy makes one).
+type Policy = sandbox.Policy
 
 // allowsAddr says whether the policy lets a connection reach a, exactly as
 // the router's nftables chains decide.
-func (p *Policy) allowsAddr(a netip.Addr, hostBlocked []netip.Prefix) bool {
+func allowsAddr(p *Policy, a netip.Addr, hostBlocked []netip.Prefix) bool {
 	switch {
 	case contains(alwaysBlocked, a) || contains(hostBlocked, a):
 		return false
@@ -64,7 +56,7 @@ func (p *Policy) allowsAddr(a netip.Addr, hostBlocked []netip.Prefix) bool {
 // may go to a, one of the name's addresses: an allowed name does not open
 // the always-blocked, host or private networks (an address rule must allow
 // those), and wins over a deny rule as address rules do.
-func (p *Policy) allowsResolved(a netip.Addr, hostBlocked []netip.Prefix) bool {
+func allowsResolved(p *Policy, a netip.Addr, hostBlocked []netip.Prefix) bool {
 	switch {
 	case contains(alwaysBlocked, a) || contains(hostBlocked, a):
 		return false
@@ -76,7 +68,7 @@ func (p *Policy) allowsResolved(a netip.Addr, hostBlocked []netip.Prefix) bool {
 
 // allowsName says whether a domain rule allows name (lower case, no
 // trailing dot).
-func (p *Policy) allowsName(name string) bool {
+func allowsName(p *Policy, name string) bool {
 	for _, d := range p.Domains {
 		if sub, ok := strings.CutPrefix(d, "*."); ok {
 			if strings.HasSuffix(name, "."+sub) {
@@ -92,7 +84,7 @@ func (p *Policy) allowsName(name string) bool {
 // resolves says whether the network's resolver answers for name: any name
 // when the internet is open, else only names a domain rule allows (so a
 // closed sandbox cannot tunnel data out through DNS).
-func (p *Policy) resolves(name string) bool { return p.AllowInternet || p.allowsName(name) }
+func resolves(p *Policy, name string) bool { return p.AllowInternet || allowsName(p, name) }
 
 func contains(ps []netip.Prefix, a netip.Addr) bool {
 	for _, p := range ps {

@@ -30,6 +30,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
 // Addresses every sandbox sees.
@@ -314,3 +316,38 @@ func List(prefix string) ([]string, error) {
 	}
 	return names, nil
 }
+
+// Host makes the sandbox networks of one daemon: sandbox.Networks over
+// Create, Open, Remove and List. Safe for concurrent use.
+type Host struct {
+	cfg *Config
+}
+
+var _ sandbox.Networks = (*Host)(nil)
+
+// NewHost returns the networks of a daemon whose host side SetupHost made.
+func NewHost(cfg Config) *Host { return &Host{cfg: &cfg} }
+
+// Create makes a new network.
+func (h *Host) Create(name string) (sandbox.Net, error) {
+	n, err := Create(name, h.cfg)
+	if err != nil {
+		return nil, err // not a nil *Network in a non-nil interface
+	}
+	return n, nil
+}
+
+// Open takes over an existing network.
+func (h *Host) Open(name string) (sandbox.Net, error) {
+	n, err := Open(name, h.cfg)
+	if err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// Remove deletes a network by name.
+func (h *Host) Remove(name string) error { return Remove(name) }
+
+// List returns the names of the networks starting with prefix.
+func (h *Host) List(prefix string) ([]string, error) { return List(prefix) }

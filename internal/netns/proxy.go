@@ -90,7 +90,7 @@ var errDenied = errors.New("denied by the egress policy")
 // named name ("" if none) and was sent to orig.
 func (n *Network) dialAllowed(ctx context.Context, name string, orig netip.AddrPort) (*net.TCPConn, error) {
 	p := n.currentPolicy()
-	if name != "" && p.allowsName(name) {
+	if name != "" && allowsName(&p, name) {
 		addrs, err := n.cfg.lookup4(ctx, name)
 		if err != nil {
 			return nil, err
@@ -100,13 +100,13 @@ func (n *Network) dialAllowed(ctx context.Context, name string, orig netip.AddrP
 			addrs[0], addrs[i] = addrs[i], addrs[0]
 		}
 		for _, a := range addrs {
-			if p.allowsResolved(a, n.cfg.HostBlocked) {
+			if allowsResolved(&p, a, n.cfg.HostBlocked) {
 				return n.dialFromRouter(ctx, netip.AddrPortFrom(a, orig.Port()))
 			}
 		}
 		return nil, errDenied
 	}
-	if !p.allowsAddr(orig.Addr(), n.cfg.HostBlocked) {
+	if !allowsAddr(&p, orig.Addr(), n.cfg.HostBlocked) {
 		return nil, errDenied
 	}
 	return n.dialFromRouter(ctx, orig)

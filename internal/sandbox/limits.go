@@ -63,3 +63,10 @@ func (l Limits) Check(max Limits) error {
 	}
 	return nil
 }
+
+// SameSize reports whether a box started with limits l serves a sandbox
+// with limits o without gVisor noticing: same CPUs and memory (which
+// gVisor reads once, when the box starts or is prepared).
+func (l Limits) SameSize(o Limits) bool {
+	return l.CPUCount == o.CPUCount && l.MemoryMB == o.MemoryMB
+}

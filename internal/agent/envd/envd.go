@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/agent"
+	wire "github.com/cellfork/cellfork/internal/envd"
 	"github.com/cellfork/cellfork/internal/envd/filesystem/filesystemconnect"
 	"github.com/cellfork/cellfork/internal/envd/process/processconnect"
 )
@@ -91,20 +92,9 @@ func maxUploadBytes() int64 {
 	return defaultMaxUpload
 }
 
-// initRequest is the part of upstream's POST /init body the agent uses.
-type initRequest struct {
-	EnvVars        map[string]string `json:"envVars"`
-	DefaultUser    string            `json:"defaultUser"`
-	DefaultWorkdir string            `json:"defaultWorkdir"`
-	MaxUploadBytes int64             `json:"maxUploadBytes"` // ours
-	// Ours: the sandbox's process limits (0: leave as they are).
-	PidsMax   int64 `json:"pidsMax"`
-	OpenFiles int64 `json:"openFiles"`
-}
-
 // handleInit applies a POST /init and answers it; true if it was applied.
 func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) bool {
-	var req initRequest
+	var req wire.InitRequest
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxInitBody))
 	if err == nil && bytes.Equal(bytes.TrimSpace(body), []byte("null")) {
 		err = errors.New("the body must be a JSON object, not null")
