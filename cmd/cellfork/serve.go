@@ -52,13 +52,13 @@ func serve(ctx context.Context, args []string) int {
 	fs.IntVar(&cfg.MaxLimits.DiskMB, "max-disk-mb", 4096, "largest disk (MiB) a create may ask for")
 	fs.IntVar(&cfg.MaxLimits.PidsMax, "max-pids", 4096, "most processes per user a create may ask for")
 	fs.IntVar(&cfg.MaxLimits.OpenFiles, "max-open-files", 1<<20, "most open files per process a create may ask for")
-	cfg.TemplateLimits = map[string]sandbox.Limits{}
+	cfg.TemplateOverrides = map[string]sandbox.Limits{}
 	fs.Func("template-limits", "a template's defaults, as TEMPLATE:name=value,... with the create body's names (repeatable)", func(v string) error {
 		name, l, err := template.ParseLimitsFlag(v)
 		if err != nil {
 			return err
 		}
-		cfg.TemplateLimits[name] = cfg.TemplateLimits[name].Over(l)
+		cfg.TemplateOverrides[name] = cfg.TemplateOverrides[name].Over(l)
 		return nil
 	})
 	fs.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "sandbox lifetime unless the create asks otherwise")

@@ -14,14 +14,13 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
-	"github.com/cellfork/cellfork/internal/manager"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
 func (s *Server) routes() {
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		ready, shells, standbys := s.m.PoolStats()
-		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "pool": map[string]any{"ready": ready, "shells": shells, "standbys": standbys}})
+		st := s.m.PoolStats()
+		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "pool": map[string]any{"ready": st.Ready, "shells": st.Shells, "standbys": st.Standbys}})
 	})
 	s.mux.HandleFunc("GET /openapi.yaml", serveOpenAPI)
 	s.mux.HandleFunc("POST /v2/sandboxes", s.create)
@@ -211,7 +210,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	req := manager.CreateRequest{TemplateID: *b.TemplateID, Metadata: b.Metadata, Envs: b.EnvVars,
+	req := sandbox.CreateRequest{TemplateID: *b.TemplateID, Metadata: b.Metadata, Envs: b.EnvVars,
 		Limits: limits, OnTimeout: b.onTimeout(), AutoResume: b.AutoResume != nil && b.AutoResume.Enabled}
 	if b.Network != nil || b.AllowInternetAccess != nil {
 		n, err := b.Network.policy(b.AllowInternetAccess)
@@ -361,18 +360,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, mustBePau
 	if b.Timeout != nil {
 		timeout = time.Duration(*b.Timeout) * time.Second
 	}
-	resumed, err := s.m.Resume(r.Context(), id, timeout)
-	switch {
-	case err == nil && !resumed && mustBePaused:
-		err = errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is not paused", id)
-	case err == nil && !resumed && timeout != 0:
-		err = s.m.ExtendTimeout(r.Context(), id, timeout)
-	}
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	sb, err := s.m.Get(r.Context(), id)
+	sb, resumed, err := s.m.Connect(r.Context(), id, sandbox.ConnectRequest{Timeout: timeout, MustBePaused: mustBePaused})
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -416,7 +404,11 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var page []listedBody
-	all := s.m.List(r.Context()) // sorted by (startedAt, id)
+	all, err := s.m.List(r.Context()) // sorted by (startedAt, id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	if f.desc {
 		slices.Reverse(all)
 	}

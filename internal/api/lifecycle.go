@@ -2,7 +2,6 @@ package api
 
 import (
 	"encoding/base64"
-	"errors"
 	"net/http"
 	"slices"
 	"strconv"
@@ -24,13 +23,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	id := r.PathValue("id")
-	err := s.m.Pause(r.Context(), id)
-	if b.Spill && (err == nil || errors.Is(err, errdefs.ErrAlreadyExists)) {
-		// Spilling a sandbox that is already paused moves it to disk now.
-		err = s.m.Spill(r.Context(), id)
-	}
-	if err != nil {
+	if err := s.m.Pause(r.Context(), r.PathValue("id"), sandbox.PauseRequest{Spill: b.Spill}); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -131,12 +124,12 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) snapshotUsage(w http.ResponseWriter, r *http.Request) {
-	total, limit, n, err := s.m.SnapshotUsage(r.Context())
+	u, err := s.m.SnapshotUsage(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]int64{"totalBytes": total, "capBytes": limit, "count": int64(n)})
+	writeJSON(w, http.StatusOK, map[string]int64{"totalBytes": u.TotalBytes, "capBytes": u.CapBytes, "count": int64(u.Count)})
 }
 
 // deleteSnapshot serves E2B's DELETE /templates/{id} for snapshots (and

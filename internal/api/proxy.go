@@ -15,8 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/envd"
 	"github.com/cellfork/cellfork/internal/errdefs"
-	"github.com/cellfork/cellfork/internal/manager"
 	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/timing"
 )
@@ -82,16 +82,13 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 		proxyError(w, reqID, t.sandboxID, http.StatusBadRequest, "invalid sandbox port")
 		return
 	}
-	tr, sb, alive, err := s.m.Endpoint(t.sandboxID)
-	if err != nil && sb != nil && sb.AutoResume && r.URL.Path != "/health" && s.checkAccess(r, t, sb) == "" {
-		// E2B's lifecycle.autoResume: a request the sandbox would take
-		// wakes it (for the default lifetime); /health never does.
-		if _, err := s.m.Resume(r.Context(), t.sandboxID, 0); err != nil {
-			_, msg := s.errorOf(r, err)
-			proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The paused sandbox could not be resumed: "+msg)
-			return
-		}
-		tr, sb, alive, err = s.m.Endpoint(t.sandboxID)
+	// E2B's lifecycle.autoResume: a request the sandbox would take wakes
+	// it (for the default lifetime); /health never does.
+	wake := func(sb *sandbox.Sandbox) bool { return r.URL.Path != "/health" && s.checkAccess(r, t, sb) == "" }
+	ep, err := s.m.Endpoint(r.Context(), t.sandboxID, wake)
+	if errors.Is(err, errdefs.ErrUnavailable) {
+		proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, errdefs.UserMessage(err))
+		return
 	}
 	if err != nil {
 		// The SDKs key on "was not found"; the detail says why (paused,
@@ -99,6 +96,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 		proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox was not found: "+errdefs.UserMessage(err))
 		return
 	}
+	tr, sb, alive := ep.Transport, ep.Sandbox, ep.Alive
 	if msg := s.checkAccess(r, t, sb); msg != "" {
 		proxyError(w, reqID, t.sandboxID, http.StatusUnauthorized, msg)
 		return
@@ -116,12 +114,12 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 			body.Close()
 		}
 	}()
-	if t.port == manager.EnvdPort && r.URL.Path == "/init" {
+	if t.port == envd.Port && r.URL.Path == "/init" {
 		// The daemon's alone: it sets the sandbox's environment and limits.
 		proxyError(w, reqID, t.sandboxID, http.StatusForbidden, "POST /init is the daemon's; give env vars and limits when creating the sandbox")
 		return
 	}
-	if t.port == manager.EnvdPort && r.Method == http.MethodPost && r.URL.Path == "/files" {
+	if t.port == envd.Port && r.Method == http.MethodPost && r.URL.Path == "/files" {
 		if r.ContentLength > s.cfg.MaxUploadBytes {
 			s.tooLarge(w, reqID, t.sandboxID)
 			return
@@ -156,7 +154,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 				s.tooLarge(w, reqID, t.sandboxID)
 			case alive.Err() != nil:
 				msg := "the sandbox went away"
-				if _, _, _, err := s.m.Endpoint(t.sandboxID); err != nil {
+				if _, err := s.m.Endpoint(r.Context(), t.sandboxID, nil); err != nil {
 					msg = errdefs.UserMessage(err)
 				}
 				proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox was not found: "+msg)
@@ -184,7 +182,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 // User ports are public unless the sandbox was created with
 // allowPublicTraffic false: then they need the traffic token, as on E2B.
 func (s *Server) checkAccess(r *http.Request, t target, sb *sandbox.Sandbox) string {
-	if t.port != manager.EnvdPort && t.port != manager.CodeInterpreterPort {
+	if t.port != envd.Port && t.port != envd.CodeInterpreterPort {
 		if sb.Network.AllowPublicTraffic {
 			return ""
 		}
@@ -201,7 +199,7 @@ func (s *Server) checkAccess(r *http.Request, t target, sb *sandbox.Sandbox) str
 			return ""
 		}
 	}
-	if t.port == manager.EnvdPort && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
+	if t.port == envd.Port && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
 		return checkSignature(r, sb.AccessToken)
 	}
 	if r.Header.Get("X-Access-Token") == "" {

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
-	"github.com/cellfork/cellfork/internal/manager"
 	"github.com/cellfork/cellfork/internal/timing"
 )
 
@@ -35,13 +34,13 @@ type Config struct {
 // Server is the daemon's http.Handler. Safe for concurrent use.
 type Server struct {
 	cfg Config
-	m   *manager.Manager
+	m   Backend
 	log *slog.Logger
 	mux *http.ServeMux
 }
 
 // New returns the handler.
-func New(cfg Config, m *manager.Manager, log *slog.Logger) *Server {
+func New(cfg Config, m Backend, log *slog.Logger) *Server {
 	s := &Server{cfg: cfg, m: m, log: log, mux: http.NewServeMux()}
 	s.routes()
 	return s

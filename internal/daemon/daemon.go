@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/api"
+	"github.com/cellfork/cellfork/internal/box"
 	"github.com/cellfork/cellfork/internal/manager"
 	"github.com/cellfork/cellfork/internal/netns"
 	"github.com/cellfork/cellfork/internal/runtime/gvisor"
@@ -32,34 +33,18 @@ import (
 // Config is the whole daemon configuration; flags and environment variables
 // map onto it in cmd/cellfork, and docs/configuration.md describes it.
 type Config struct {
-	Addr           string
-	DataDir        string
-	TemplateDir    string // default <DataDir>/templates
-	Runsc          string
-	AgentDir       string
-	Domain         string
-	APIKeys        []string // empty: use (or create) <data>/api-key
-	MaxUploadBytes int64
-	// DefaultLimits are what a sandbox gets when neither its template nor
-	// its create says; a create may ask for up to MaxLimits.
-	DefaultLimits sandbox.Limits
-	MaxLimits     sandbox.Limits
-	// TemplateLimits are the operator's per-template values (zero fields
-	// unset), over the template's own (templates/<name>/limits).
-	TemplateLimits map[string]sandbox.Limits
-	DefaultTimeout time.Duration
-	MaxTimeout     time.Duration
-	// Fork-first core: pool sizes, start admission, snapshot disk cap, the
-	// largest fork, and how long a paused sandbox stays in memory.
-	PoolReady        int
-	PoolShells       int
-	StandbySnapshots int
-	StartConcurrency int
-	StartQueue       int
-	StartWait        time.Duration
-	SnapshotCapBytes int64
-	MaxFork          int
-	SpillAfter       time.Duration
+	// The manager's part: limits, timeouts, pool, admission, snapshots.
+	// Its TemplateLimits and AgentPath are worked out by Run.
+	manager.Config
+	Addr        string
+	TemplateDir string // default <DataDir>/templates
+	Runsc       string
+	AgentDir    string
+	Domain      string
+	APIKeys     []string // empty: use (or create) <data>/api-key
+	// TemplateOverrides are the operator's per-template limits (zero
+	// fields unset), over the template's own (templates/<name>/limits).
+	TemplateOverrides map[string]sandbox.Limits
 	// DNS are the upstream resolvers answering the sandboxes' resolvers;
 	// empty means the host's /etc/resolv.conf.
 	DNS []string
@@ -141,8 +126,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		return err
 	}
 	defer st.Close()
-	tlimits, err := cfg.templateLimits()
-	if err != nil {
+	if cfg.TemplateLimits, err = cfg.templateLimits(); err != nil {
 		return err
 	}
 	rt, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, Root: filepath.Join(cfg.DataDir, "runsc")})
@@ -156,18 +140,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	if _, err := tpl.Rootfs(ctx, "base", out); err != nil {
 		return err
 	}
-	agentPath, err := tpl.AgentPath()
+	if cfg.AgentPath, err = tpl.AgentPath(); err != nil {
+		return err
+	}
+	// The host's side of sandbox egress, before any network is made.
+	hostNets, err := netns.HostNetworks()
 	if err != nil {
 		return err
 	}
-	m := manager.New(manager.Config{
-		DataDir: cfg.DataDir, DefaultLimits: cfg.DefaultLimits, MaxLimits: cfg.MaxLimits, TemplateLimits: tlimits,
-		DefaultTimeout: cfg.DefaultTimeout, MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
-		PoolReady: cfg.PoolReady, PoolShells: cfg.PoolShells, StandbySnapshots: cfg.StandbySnapshots,
-		StartConcurrency: cfg.StartConcurrency,
-		StartQueue:       cfg.StartQueue, StartWait: cfg.StartWait, SnapshotCapBytes: cfg.SnapshotCapBytes,
-		MaxFork: cfg.MaxFork, SpillAfter: cfg.SpillAfter, DNS: cfg.DNS, AgentPath: agentPath,
-	}, rt, st, tpl, log)
+	if err := netns.SetupHost(hostNets); err != nil {
+		return err
+	}
+	m := manager.New(cfg.Config, manager.Deps{
+		Runtime: rt, Store: st, Templates: tpl, Log: log, Agent: box.HTTPAgent{},
+		Networks: netns.NewHost(netns.Config{HostBlocked: hostNets, DNS: cfg.DNS}),
+	})
 	if err := m.Reconcile(ctx); err != nil {
 		log.Warn("reconcile incomplete", "err", err)
 	}

@@ -46,7 +46,7 @@ func (c *Config) validateLimits() []error {
 // daemon's defaults, then the template's own values, then the operator's
 // (--template-limits).
 func (c *Config) templateLimits() (map[string]sandbox.Limits, error) {
-	for name := range c.TemplateLimits {
+	for name := range c.TemplateOverrides {
 		if _, err := template.Resolve(name); err != nil {
 			return nil, fmt.Errorf("--template-limits: %w", err)
 		}
@@ -57,7 +57,7 @@ func (c *Config) templateLimits() (map[string]sandbox.Limits, error) {
 		if err != nil {
 			return nil, err
 		}
-		l := c.DefaultLimits.Over(own).Over(c.TemplateLimits[name])
+		l := c.DefaultLimits.Over(own).Over(c.TemplateOverrides[name])
 		if err := l.Check(c.MaxLimits); err != nil {
 			return nil, fmt.Errorf("template %s: %w (see templates/%s/limits and --template-limits)", name, err, name)
 		}

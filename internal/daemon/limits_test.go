@@ -5,14 +5,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cellfork/cellfork/internal/manager"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
 func limitsConfig() Config {
-	return Config{
+	return Config{Config: manager.Config{
 		DefaultLimits: sandbox.Limits{CPUCount: 1, MemoryMB: 1024, DiskMB: 512, PidsMax: 512, OpenFiles: 65536},
 		MaxLimits:     sandbox.Limits{CPUCount: 2, MemoryMB: 8192, DiskMB: 4096, PidsMax: 4096, OpenFiles: 1 << 20},
-	}
+	}}
 }
 
 func TestValidateLimits(t *testing.T) {
@@ -29,9 +30,9 @@ func TestValidateLimits(t *testing.T) {
 		{func(c *Config) { c.MaxLimits.PidsMax = 10 }, "--max-pids must be at least 16"},
 		{func(c *Config) { c.DefaultLimits.OpenFiles = 100 }, "--open-files must be between 256"},
 		{func(c *Config) { c.MaxLimits.OpenFiles = 1 << 21 }, "--max-open-files must be at most 1048576"},
-		{func(c *Config) { c.TemplateLimits = map[string]sandbox.Limits{"base": {MemoryMB: 9000}} },
+		{func(c *Config) { c.TemplateOverrides = map[string]sandbox.Limits{"base": {MemoryMB: 9000}} },
 			"template base: memoryMB must be between 128 and 8192, not 9000"},
-		{func(c *Config) { c.TemplateLimits = map[string]sandbox.Limits{"nope": {MemoryMB: 512}} }, `template "nope" not found`},
+		{func(c *Config) { c.TemplateOverrides = map[string]sandbox.Limits{"nope": {MemoryMB: 512}} }, `template "nope" not found`},
 	} {
 		c := limitsConfig()
 		tc.change(&c)
@@ -45,7 +46,7 @@ func TestValidateLimits(t *testing.T) {
 // the operator's --template-limits.
 func TestTemplateLimitsLayering(t *testing.T) {
 	c := limitsConfig()
-	c.TemplateLimits = map[string]sandbox.Limits{"base": {DiskMB: 300, PidsMax: 200}}
+	c.TemplateOverrides = map[string]sandbox.Limits{"base": {DiskMB: 300, PidsMax: 200}}
 	got, err := c.templateLimits()
 	if err != nil {
 		t.Fatal(err)

@@ -1,40 +1,20 @@
 package manager
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
-	"net/http"
 	"strings"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/box"
+	"github.com/cellfork/cellfork/internal/cleanup"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/template"
 	"github.com/cellfork/cellfork/internal/timing"
 )
-
-// CreateRequest is what a caller may choose about a new sandbox. Zero values
-// mean the defaults.
-type CreateRequest struct {
-	TemplateID string
-	Timeout    time.Duration
-	Metadata   map[string]string
-	Envs       map[string]string
-	// Limits the caller asks for; zero fields take the source's (the
-	// template's defaults, or the snapshot's).
-	Limits    sandbox.Limits
-	OnTimeout string // "kill" (default) or "pause"
-	// AutoResume: traffic to the paused sandbox resumes it (needs OnTimeout
-	// "pause", as in E2B).
-	AutoResume bool
-	// Network is the policy; nil means the snapshot's, or the default.
-	Network *sandbox.Network
-}
 
 // Limits on caller-supplied maps, so a request cannot bloat the store.
 const (
@@ -64,11 +44,11 @@ func validateMap(what string, m map[string]string, envStyle bool) error {
 
 // normalize fills defaults and rejects what is out of bounds (limits aside:
 // see createLimits).
-func (m *Manager) normalize(req *CreateRequest) error {
+func (m *Manager) normalize(req *sandbox.CreateRequest) error {
 	if req.Timeout == 0 {
 		req.Timeout = m.cfg.DefaultTimeout
 	}
-	if err := m.checkTimeout(req.Timeout); err != nil {
+	if err := m.checkTimeout(req.Timeout, false); err != nil {
 		return err
 	}
 	if err := validateMap("metadata", req.Metadata, false); err != nil {
@@ -84,7 +64,7 @@ func (m *Manager) normalize(req *CreateRequest) error {
 		return errdefs.New(errdefs.ErrInvalidArgument, "autoResume needs autoPause: only a sandbox that pauses on timeout can resume on traffic")
 	}
 	if req.Network != nil {
-		if _, err := policyOf(*req.Network); err != nil {
+		if _, err := sandbox.ParsePolicy(*req.Network); err != nil {
 			return err
 		}
 	}
@@ -112,8 +92,8 @@ func (m *Manager) resolve(ctx context.Context, id string) (source, error) {
 			return source{}, err
 		}
 		src := source{template: name, rootfs: rootfs, limits: m.templateLimits(name)}
-		if w, ok := m.pool.warmImage(name); ok && w.rootfs == rootfs {
-			src.image = w.image
+		if w, ok := m.pool.Warm(name); ok && w.Rootfs == rootfs {
+			src.image = w.Image
 		}
 		return src, nil
 	}
@@ -126,9 +106,9 @@ func (m *Manager) resolve(ctx context.Context, id string) (source, error) {
 
 // Create starts a new sandbox from a template or snapshot and returns its
 // record once its agent answers. It takes a ready sandbox from the pool
-// when it can, else restores the image, else boots; rec.BootMode says
-// which. On failure nothing of it is left behind.
-func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sandbox, err error) {
+// when it can, else a snapshot's standby, else restores the image, else
+// boots; rec.BootMode says which. On failure nothing of it is left behind.
+func (m *Manager) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error) {
 	t0 := time.Now()
 	src, err := m.resolve(ctx, req.TemplateID)
 	if err != nil {
@@ -152,96 +132,89 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ *sandbox.San
 	timing.Since(ctx, "resolve", t0)
 	now := time.Now().UTC()
 	rec := &sandbox.Sandbox{
-		ID: newID(), TemplateID: req.TemplateID,
+		ID: sandbox.NewID(), TemplateID: req.TemplateID,
 		State: sandbox.StateRunning, StartedAt: now, EndAt: now.Add(req.Timeout),
 		Metadata: orEmpty(req.Metadata), Envs: orEmpty(req.Envs),
-		AccessToken: randomHex(16), OnTimeout: req.OnTimeout, AutoResume: req.AutoResume, Rootfs: src.rootfs,
+		AccessToken: sandbox.RandomHex(16), OnTimeout: req.OnTimeout, AutoResume: req.AutoResume, Rootfs: src.rootfs,
 	}
 	rec.SetLimits(limits)
 	rec.Network = sandbox.DefaultNetwork
 	if src.snapshot != nil {
-		rec.BaseSnapshot, rec.Network = src.snapshot.ID, cloneNetwork(src.snapshot.Network)
+		rec.BaseSnapshot, rec.Network = src.snapshot.ID, src.snapshot.Network.Clone()
 	}
 	if req.Network != nil {
-		rec.Network = cloneNetwork(*req.Network)
+		rec.Network = req.Network.Clone()
 	}
 	b, mode, err := m.startBox(ctx, src, limits)
 	if err != nil {
 		return nil, err
 	}
-	rec.RuntimeID, rec.BootMode = b.rid, mode
-	if err := m.adoptNew(ctx, rec, b, req.Envs); err != nil {
+	rec.RuntimeID, rec.BootMode = b.RID, mode
+	if err := m.adopt(ctx, rec, b); err != nil {
 		return nil, err
 	}
-	if src.snapshot != nil {
-		m.pool.useStandby(src.snapshot, limits)
+	if sn := src.snapshot; sn != nil {
+		m.pool.UseStandby(sn.ID, sn.Image, sn.Rootfs, limits)
 	}
 	m.log.Info("sandbox created", "sandbox.id", rec.ID, "template", req.TemplateID, "mode", mode, "ms", time.Since(t0).Milliseconds())
 	return cloneRecord(rec), nil
 }
 
-// startBox gets a running box for src with limits: from the pool, by
-// restore, or by boot (see limits.go for which limit allows which).
-func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limits) (*box, string, error) {
+// startBox gets a running box for src with limits: from the pool, from a
+// snapshot's standby, by restore, or by boot (see limits.go for which
+// limit allows which).
+func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limits) (*box.Box, string, error) {
 	if src.image != "" && limits.DiskMB != src.limits.DiskMB {
 		src.image = "" // a template's warm image has its disk size: boot one of the size asked for
 	}
-	if src.template != "" && src.image != "" && sameSize(limits, src.limits) && rlimitsFit(src.limits, limits) {
-		if b := m.pool.takeReady(src.template); b != nil {
-			if err := m.fitPids(ctx, b, limits); err != nil {
-				m.destroyBox(context.WithoutCancel(ctx), b)
-				return nil, "", err
-			}
+	if src.template != "" && src.image != "" && limits.SameSize(src.limits) && rlimitsFit(src.limits, limits) {
+		if b := m.pool.TakeReady(src.template); b != nil {
 			return b, "pool", nil
 		}
 	}
 	if src.snapshot != nil {
-		if b := m.resumeStandby(ctx, src.snapshot.ID, limits); b != nil {
+		if b := m.pool.ResumeStandby(ctx, src.snapshot.ID, limits); b != nil {
 			return b, "standby", nil
 		}
 	}
 	t0 := time.Now()
-	release, err := m.adm.acquire(ctx)
+	release, err := m.adm.Acquire(ctx)
 	if err != nil {
 		return nil, "", err
 	}
 	defer release()
 	timing.Since(ctx, "queue", t0)
 	if src.image != "" {
-		m.images.acquire(src.image)
-		defer m.images.release(src.image)
-		b, err := m.restoreBox(ctx, src.image, src.rootfs, limits)
+		b, err := m.pool.Restore(ctx, src.image, src.rootfs, limits)
 		return b, "restore", err
 	}
-	b, err := m.bootBox(ctx, src.rootfs, limits)
+	b, err := m.boxes.Boot(ctx, src.rootfs, limits)
 	return b, "boot", err
 }
 
-// adoptNew hands a running box its sandbox: the record is stored, the agent
-// initialized (env vars, default user), the timer armed. On failure the box
-// is destroyed and nothing is left.
-func (m *Manager) adoptNew(ctx context.Context, rec *sandbox.Sandbox, b *box, envs map[string]string) error {
-	t0 := time.Now()
-	err := m.applyPolicy(b, rec.Network)
-	timing.Since(ctx, "policy", t0)
-	if err == nil {
-		t := time.Now()
-		err = m.st.Put(ctx, rec)
-		timing.Since(ctx, "store", t)
-	}
-	t0 = time.Now()
-	if err == nil {
-		err = m.applyRlimits(ctx, b, sandboxEnvs(rec, envs), rec.Limits())
-	}
-	if err != nil {
-		cctx := context.WithoutCancel(ctx)
-		m.destroyBox(cctx, b)
-		_ = m.st.Delete(cctx, rec.ID)
+// adopt gives a running box to a new sandbox: the hand-off, the record
+// stored, the box watched, the timer armed. On failure the box is
+// destroyed and nothing is left.
+func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox, b *box.Box) error {
+	cu := cleanup.Make(func() { m.boxes.Destroy(context.WithoutCancel(ctx), b) })
+	defer cu.Clean()
+	if err := m.boxes.HandOff(ctx, b, m.handOff(rec)); err != nil {
 		return fmt.Errorf("initializing sandbox %s: %w", rec.ID, err)
 	}
-	timing.Since(ctx, "init", t0)
-	m.register(&Live{rec: rec, box: b})
+	t := time.Now()
+	if err := m.put(ctx, rec); err != nil {
+		return err
+	}
+	timing.Since(ctx, "store", t)
+	cu.Release()
+	m.register(newLive(rec, b))
 	return nil
+}
+
+// handOff is what a box of rec gets: its policy, its identity and
+// environment, its limits.
+func (m *Manager) handOff(rec *sandbox.Sandbox) box.HandOff {
+	return box.HandOff{Policy: rec.Network, Envs: sandboxEnvs(rec), Limits: m.limits(rec)}
 }
 
 func orEmpty(m map[string]string) map[string]string {
@@ -254,40 +227,16 @@ func orEmpty(m map[string]string) map[string]string {
 // sandboxEnvs is what the agent of rec's box gets as environment
 // variables at hand-off: E2B's identity variables (E2B_SANDBOX,
 // E2B_SANDBOX_ID, E2B_TEMPLATE_ID, E2B_TEAM_ID; the agent also writes them
-// to /run/e2b/.NAME), then envs, which win. A box restored from another
-// sandbox's state carries that sandbox's values until it gets these.
-func sandboxEnvs(rec *sandbox.Sandbox, envs map[string]string) map[string]string {
+// to /run/e2b/.NAME), then the sandbox's own, which win. A box restored from
+// another sandbox's state carries that sandbox's values until it gets
+// these.
+func sandboxEnvs(rec *sandbox.Sandbox) map[string]string {
 	out := map[string]string{
 		"E2B_SANDBOX":     "true",
 		"E2B_SANDBOX_ID":  rec.ID,
 		"E2B_TEMPLATE_ID": rec.TemplateID,
 		"E2B_TEAM_ID":     "cellfork", // one team per daemon, as clientID
 	}
-	maps.Copy(out, envs)
+	maps.Copy(out, rec.Envs)
 	return out
-}
-
-// postInit hands the agent the sandbox's settings (POST /init, as E2B's
-// orchestrator does with envd), this daemon's upload limit and, unless
-// limits is nil, the sandbox's process limits to apply.
-func (m *Manager) postInit(ctx context.Context, tr http.RoundTripper, envs map[string]string, limits *sandbox.Limits) error {
-	init := map[string]any{"envVars": envs, "defaultUser": "user", "maxUploadBytes": m.cfg.MaxUploadBytes}
-	if limits != nil {
-		init["pidsMax"], init["openFiles"] = limits.PidsMax, limits.OpenFiles
-	}
-	body, _ := json.Marshal(init)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://sandbox:%d/init", EnvdPort), bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := tr.RoundTrip(req)
-	if err != nil {
-		return fmt.Errorf("posting /init: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return errors.New("agent refused /init: " + resp.Status)
-	}
-	return nil
 }

@@ -9,30 +9,29 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/box"
 )
 
 // tombstoneTTL is how long the reason a sandbox died is remembered.
 const tombstoneTTL = time.Hour
 
 // watchBox arranges for the sandbox to be torn down, and its death
-// remembered, if b exits while it is the sandbox's box (a box the daemon
-// destroys itself is no longer the sandbox's by then). Caller holds l.mu.
-func (m *Manager) watchBox(ctx context.Context, l *Live, b *box) {
-	err := m.rt.Watch(ctx, m.bundleDir(b.rid), func() { m.boxExited(l, b) })
-	if err != nil {
+// remembered, if b exits while it is the sandbox's running box (a box the
+// daemon destroys or freezes itself is not, by then). Caller holds l.op.
+func (m *Manager) watchBox(l *Live, b *box.Box) {
+	if err := m.boxes.Watch(context.Background(), b, func() { m.boxExited(l, b) }); err != nil {
 		m.log.Warn("cannot watch sandbox process", "sandbox.id", l.rec.ID, "err", err)
 	}
 }
 
-func (m *Manager) boxExited(l *Live, b *box) {
-	reason := deathReason(b.rid)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.dead || l.box != b || l.rec.State != sandbox.StateRunning {
+func (m *Manager) boxExited(l *Live, b *box.Box) {
+	reason := deathReason(b.RID)
+	l.op.Lock()
+	defer l.op.Unlock()
+	if l.box != b || l.phase != running {
 		return // killed, swapped out, or frozen/spilled by us
 	}
-	m.log.Error("sandbox died", "sandbox.id", l.rec.ID, "runtime.id", b.rid, "reason", reason)
+	m.log.Error("sandbox died", "sandbox.id", l.rec.ID, "runtime.id", b.RID, "reason", reason)
 	m.forget(l)
 	m.mu.Lock()
 	m.tombs[l.rec.ID] = tomb{reason: reason, at: time.Now()}

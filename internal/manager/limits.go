@@ -1,7 +1,6 @@
 package manager
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
@@ -45,13 +44,6 @@ func (m *Manager) limits(rec *sandbox.Sandbox) sandbox.Limits {
 	return m.cfg.DefaultLimits.Over(rec.Limits())
 }
 
-// initRlimits are the process limits every sandbox boots with (and so
-// every template image has): the maximums, which the agent lowers to each
-// sandbox's own at hand-off.
-func (m *Manager) initRlimits() sandbox.Limits {
-	return sandbox.Limits{PidsMax: m.cfg.MaxLimits.PidsMax, OpenFiles: m.cfg.MaxLimits.OpenFiles}
-}
-
 // createLimits layers a create's limits over what its source gives and
 // checks them: within the daemon's minimums and maximums, and for a
 // snapshot, within what its image holds.
@@ -83,47 +75,9 @@ func frozenFits(what string, img, l sandbox.Limits) error {
 	return nil
 }
 
-// rlimitsOf returns the process limits of l (the part the agent applies).
-func rlimitsOf(l sandbox.Limits) sandbox.Limits {
-	return sandbox.Limits{PidsMax: l.PidsMax, OpenFiles: l.OpenFiles}
-}
-
 // rlimitsFit reports whether a box whose agent applied have (zero: none,
 // the image's maximums) can be given process limits want: lowering, not
 // raising.
 func rlimitsFit(have, want sandbox.Limits) bool {
 	return have == (sandbox.Limits{}) || want.PidsMax <= have.PidsMax && want.OpenFiles <= have.OpenFiles
-}
-
-// applyRlimits has the agent of b apply l's process limits unless it has
-// already. envs are the sandbox's environment variables (POST /init carries
-// both; nil: none to add).
-func (m *Manager) applyRlimits(ctx context.Context, b *box, envs map[string]string, l sandbox.Limits) error {
-	want := rlimitsOf(l)
-	if b.rlimits == want {
-		return m.postInit(ctx, b.transport, envs, nil)
-	}
-	if err := m.postInit(ctx, b.transport, envs, &want); err != nil {
-		return err
-	}
-	b.rlimits = want
-	return nil
-}
-
-// sameSize reports whether a box started with limits a serves a sandbox
-// with limits b without gVisor noticing: same CPUs and memory.
-func sameSize(a, b sandbox.Limits) bool {
-	return a.CPUCount == b.CPUCount && a.MemoryMB == b.MemoryMB
-}
-
-// fitPids resizes b's host pids cgroup for l (the rest of l is b's already,
-// or set by the agent at hand-off) and records l as b's limits.
-func (m *Manager) fitPids(ctx context.Context, b *box, l sandbox.Limits) error {
-	if b.limits.PidsMax != l.PidsMax {
-		if err := m.rt.SetPidsMax(ctx, b.rid, l.PidsMax); err != nil {
-			return err
-		}
-	}
-	b.limits = l
-	return nil
 }

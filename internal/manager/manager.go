@@ -1,35 +1,31 @@
-// Package manager owns every sandbox state transition: create (from the
-// pool, by restore, or by boot), kill, timeouts, snapshot, fork, rollback,
-// pause/resume, merge, network policy, noticing sandboxes that die, and
-// reconciling with what really runs after a daemon restart. It knows
-// nothing about HTTP; internal/api translates.
+// Package manager owns every sandbox state transition: create, kill,
+// timeouts, snapshot, fork, rollback, merge, pause, resume and connect,
+// network policy, noticing sandboxes that die, and reconciling with what
+// really runs after a daemon restart. Boxes (runtime instances) come from
+// internal/box and the pool (internal/pool); the manager keeps the
+// sandboxes' state machine (state.go) and their records. It knows nothing
+// about HTTP; internal/api translates.
 package manager
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
-	"net/http"
 	"os"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/box"
 	"github.com/cellfork/cellfork/internal/errdefs"
-	"github.com/cellfork/cellfork/internal/netns"
+	"github.com/cellfork/cellfork/internal/failpoint"
+	"github.com/cellfork/cellfork/internal/pool"
 	"github.com/cellfork/cellfork/internal/sandbox"
-	"github.com/cellfork/cellfork/internal/template"
-)
-
-// Ports the agent serves inside every sandbox.
-const (
-	EnvdPort            = 49983
-	CodeInterpreterPort = 49999
 )
 
 // Config is the manager's part of the daemon configuration.
@@ -51,7 +47,7 @@ type Config struct {
 	PoolReady  int
 	PoolShells int
 	// StandbySnapshots is how many of the snapshots used last keep a
-	// frozen standby (standby.go); 0 turns standbys off.
+	// frozen standby (internal/pool); 0 turns standbys off.
 	StandbySnapshots int
 	// StartConcurrency bounds concurrent sandbox starts; StartQueue and
 	// StartWait bound how many wait and for how long before a 503.
@@ -65,75 +61,73 @@ type Config struct {
 	// AgentPath is the agent's executable inside sandboxes (per version:
 	// template.Registry.AgentPath).
 	AgentPath string
-	// DNS are the upstream resolvers (host:port) that answer for the
-	// sandboxes' resolvers.
-	DNS []string
 	// SpillAfter is how long a paused sandbox stays frozen in memory before
 	// its state is written to disk and its memory freed.
 	SpillAfter time.Duration
 }
 
+// Templates gives the built-in templates' root filesystems and warm-image
+// keys (internal/template).
+type Templates interface {
+	Rootfs(ctx context.Context, name string, progress io.Writer) (string, error)
+	WarmKey(name, boot string) (string, error)
+}
+
+// Deps are what the manager runs on.
+type Deps struct {
+	Runtime   sandbox.Runtime
+	Store     sandbox.Store
+	Networks  sandbox.Networks
+	Agent     box.Agent
+	Templates Templates
+	Log       *slog.Logger
+}
+
 // Manager owns the live sandboxes. Safe for concurrent use.
 type Manager struct {
-	cfg Config
-	rt  sandbox.Runtime
-	st  sandbox.Store
-	tpl *template.Registry
-	log *slog.Logger
+	cfg   Config
+	boxes *box.Factory
+	pool  *pool.Pool
+	adm   *pool.Admission
+	st    sandbox.Store
+	tpl   Templates
+	log   *slog.Logger
 
-	adm    *admission
-	pool   *pool
-	images imageRefs
-	netCfg netns.Config // what every sandbox network shares (set by Reconcile)
-
-	// netPrefix starts the names of this daemon's network namespaces
-	// ("cf<hash of the data dir>-<runtime id>-r/-s"), so that daemons on
-	// other data directories keep theirs.
-	netPrefix string
-
-	// Lock order (a lock may be taken while holding only those before it):
+	// Lock order (a lock may be taken while holding only those above it):
 	//
-	//	Live.mu (two at most, in id order: Merge)
-	//	  -> snap
-	//	    -> pool.mu, imageRefs.mu, mu (leaves: nothing is taken under them)
+	//	Live.op (two at most, in id order: Merge)
+	//	  Live.mu
+	//	    snap
+	//	      mu, and the pool's and the box factory's own (leaves)
 	//
-	// So nothing holding snap or mu waits for a sandbox: code that visits
+	// Nothing holding snap or mu waits for a sandbox: code that visits
 	// every sandbox copies the live set under mu, releases it, then locks
 	// each Live in turn.
 	mu    sync.Mutex
 	live  map[string]*Live // guarded by mu
 	tombs map[string]tomb  // guarded by mu: sandboxes that died on their own
-	snap  sync.Mutex       // serializes snapshot bookkeeping (cap, tree)
-
-	closing   chan struct{}  // closed by Close
-	destroyer sync.WaitGroup // destroys off the callers' paths (destroyLater)
-}
-
-// Live is a sandbox this daemon knows. Its lifecycle operations are
-// serialized by mu.
-type Live struct {
-	mu      sync.Mutex
-	rec     *sandbox.Sandbox // guarded by mu
-	box     *box             // guarded by mu; nil while paused to disk
-	timer   *time.Timer      // guarded by mu
-	dead    bool             // guarded by mu: killed, must not be used
-	lastCPU time.Duration    // guarded by mu
-	lastAt  time.Time        // guarded by mu
+	snap  sync.Mutex       // serializes snapshot bookkeeping (names, tree)
 }
 
 // New returns a Manager. Call Reconcile, then Start, before serving.
-func New(cfg Config, rt sandbox.Runtime, st sandbox.Store, tpl *template.Registry, log *slog.Logger) *Manager {
+func New(cfg Config, d Deps) *Manager {
 	sum := sha256.Sum256([]byte(cfg.DataDir))
-	m := &Manager{cfg: cfg, rt: rt, st: st, tpl: tpl, log: log, live: map[string]*Live{}, tombs: map[string]tomb{},
-		netPrefix: "cf" + hex.EncodeToString(sum[:3]) + "-", closing: make(chan struct{})}
-	m.pool = newPool(m, cfg.PoolReady, cfg.PoolShells, cfg.StandbySnapshots)
-	m.adm = newAdmission(max(cfg.StartConcurrency, 1), max(cfg.StartQueue, 1), cfg.StartWait, m.pool.poke)
-	return m
+	boxes := box.NewFactory(box.Config{
+		DataDir: cfg.DataDir, NetPrefix: "cf" + hex.EncodeToString(sum[:3]) + "-", AgentPath: cfg.AgentPath,
+		InitRlimits:    sandbox.Limits{PidsMax: cfg.MaxLimits.PidsMax, OpenFiles: cfg.MaxLimits.OpenFiles},
+		MaxUploadBytes: cfg.MaxUploadBytes,
+	}, d.Runtime, d.Networks, d.Agent, d.Log)
+	p := pool.New(boxes, pool.Config{
+		Ready: cfg.PoolReady, Shells: cfg.PoolShells, Standbys: cfg.StandbySnapshots,
+		StartConcurrency: cfg.StartConcurrency, StartQueue: cfg.StartQueue, StartWait: cfg.StartWait,
+	}, d.Log)
+	return &Manager{cfg: cfg, boxes: boxes, pool: p, adm: p.Admission(), st: d.Store, tpl: d.Templates, log: d.Log,
+		live: map[string]*Live{}, tombs: map[string]tomb{}}
 }
 
-// Start warms the built-in template and starts the pool's refill loop.
+// Start warms the built-in template and starts the pool's refills.
 func (m *Manager) Start(ctx context.Context) error {
-	go m.pool.run()
+	m.pool.Start()
 	if err := m.Warm(ctx, "base"); err != nil {
 		// Creates still work: they boot instead of restoring.
 		m.log.Error("no warm image; creates will boot", "template", "base", "err", err)
@@ -141,22 +135,28 @@ func (m *Manager) Start(ctx context.Context) error {
 	return nil
 }
 
-// newID returns a 20-character lowercase alphanumeric id, like E2B's.
-func newID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 20)
-	_, _ = rand.Read(b)
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
+// Close stops the timers and the pool (destroying pooled boxes). Sandboxes
+// keep running; the next daemon adopts them.
+func (m *Manager) Close() {
+	m.pool.Close()
+	m.boxes.Close()
+	for _, l := range m.lives() {
+		l.mu.Lock()
+		if l.timer != nil {
+			l.timer.Stop()
+		}
+		if l.box != nil {
+			m.boxes.Release(l.box)
+		}
+		l.mu.Unlock()
 	}
-	b[0] = alphabet[int(b[0])%26] // start with a letter
-	return string(b)
 }
 
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
+// lives returns the live sandboxes (copied out under mu).
+func (m *Manager) lives() []*Live {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Collect(maps.Values(m.live))
 }
 
 // lookup returns the live sandbox or a NotFound error.
@@ -173,27 +173,60 @@ func (m *Manager) lookup(id string) (*Live, error) {
 	return l, nil
 }
 
+// begin starts an operation on sandbox id that accepts the phases allowed:
+// it returns the sandbox with op held (the caller unlocks it), or the
+// error the operation gets in the sandbox's phase. doing names the
+// operation in messages ("taking a snapshot of it").
+func (m *Manager) begin(id, doing string, allowed ...phase) (*Live, error) {
+	l, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	l.op.Lock()
+	if err := l.require(doing, allowed...); err != nil {
+		l.op.Unlock()
+		return nil, err
+	}
+	return l, nil
+}
+
+// register adds l to the live set, watches its box, and arms its timer:
+// expiry if running (an expired one fires at once), the move to disk if
+// frozen in memory.
+func (m *Manager) register(l *Live) {
+	l.op.Lock()
+	if l.box != nil {
+		m.watchBox(l, l.box)
+	}
+	switch l.phase {
+	case running:
+		m.armTimer(l)
+	case frozen:
+		m.scheduleSpill(l)
+	}
+	l.op.Unlock()
+	m.mu.Lock()
+	m.live[l.rec.ID] = l
+	m.mu.Unlock()
+}
+
 // Get returns a copy of the sandbox's record.
 func (m *Manager) Get(_ context.Context, id string) (*sandbox.Sandbox, error) {
 	l, err := m.lookup(id)
 	if err != nil {
 		return nil, err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return cloneRecord(l.rec), nil
+	return l.record(), nil
 }
 
 // List returns copies of every sandbox's record, oldest first.
-func (m *Manager) List(_ context.Context) []*sandbox.Sandbox {
-	m.mu.Lock()
-	lives := slices.Collect(maps.Values(m.live))
-	m.mu.Unlock()
+func (m *Manager) List(_ context.Context) ([]*sandbox.Sandbox, error) {
+	lives := m.lives()
 	out := make([]*sandbox.Sandbox, 0, len(lives))
 	for _, l := range lives {
-		l.mu.Lock()
-		out = append(out, cloneRecord(l.rec))
-		l.mu.Unlock()
+		if rec := l.record(); rec != nil {
+			out = append(out, rec)
+		}
 	}
 	slices.SortFunc(out, func(a, b *sandbox.Sandbox) int {
 		if c := a.StartedAt.Compare(b.StartedAt); c != 0 {
@@ -201,7 +234,7 @@ func (m *Manager) List(_ context.Context) []*sandbox.Sandbox {
 		}
 		return compareStrings(a.ID, b.ID)
 	})
-	return out
+	return out, nil
 }
 
 func compareStrings(a, b string) int {
@@ -214,73 +247,39 @@ func compareStrings(a, b string) int {
 	return 0
 }
 
-func cloneRecord(r *sandbox.Sandbox) *sandbox.Sandbox {
-	c := *r
-	c.Metadata = maps.Clone(r.Metadata)
-	c.Envs = maps.Clone(r.Envs)
-	c.Network = cloneNetwork(r.Network)
-	return &c
-}
-
-// Endpoint is how the proxy reaches a running sandbox: the transport to its
-// ports, a copy of its record (for access checks), and a context that ends
-// when the sandbox's current box goes away (killed, died, rolled back).
-// A paused sandbox is ErrFailedPrecondition.
-func (m *Manager) Endpoint(id string) (http.RoundTripper, *sandbox.Sandbox, context.Context, error) {
-	l, err := m.locked(id)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	defer l.mu.Unlock()
-	if l.rec.State != sandbox.StateRunning {
-		return nil, cloneRecord(l.rec), nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: connect to resume it", id)
-	}
-	return l.box.transport, cloneRecord(l.rec), l.box.ctx, nil
-}
-
-// live returns the Live of id locked, or an error if it is gone. The caller
-// unlocks l.mu.
-func (m *Manager) locked(id string) (*Live, error) {
-	l, err := m.lookup(id)
-	if err != nil {
-		return nil, err
-	}
-	l.mu.Lock()
-	if l.dead {
-		l.mu.Unlock()
-		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
-	}
-	return l, nil
-}
-
 // Kill destroys a sandbox and everything it holds.
 func (m *Manager) Kill(ctx context.Context, id string) error {
-	l, err := m.locked(id)
+	l, err := m.begin(id, "killing it", running, frozen, spilled)
 	if err != nil {
 		return err
 	}
-	defer l.mu.Unlock()
-	m.forget(l)
-	return m.teardown(context.WithoutCancel(ctx), l.rec, l.box)
+	defer l.op.Unlock()
+	b := m.forget(l)
+	return m.teardown(context.WithoutCancel(ctx), l.rec, b)
 }
 
-// forget marks l dead and drops it from the live set. Caller holds l.mu.
-func (m *Manager) forget(l *Live) {
-	l.dead = true
+// forget makes l dead, drops it from the live set and returns its box.
+// Caller holds l.op.
+func (m *Manager) forget(l *Live) *box.Box {
+	l.mu.Lock()
+	b := l.box
+	l.phase, l.box = dead, nil
 	if l.timer != nil {
 		l.timer.Stop()
 	}
+	l.mu.Unlock()
 	m.mu.Lock()
 	delete(m.live, l.rec.ID)
 	m.mu.Unlock()
+	return b
 }
 
 // teardown frees a sandbox's box, paused image and record. It keeps going
 // past errors so that as much as possible is freed.
-func (m *Manager) teardown(ctx context.Context, rec *sandbox.Sandbox, b *box) error {
+func (m *Manager) teardown(ctx context.Context, rec *sandbox.Sandbox, b *box.Box) error {
 	var errs []error
 	if b != nil {
-		errs = append(errs, m.destroyBox(ctx, b))
+		errs = append(errs, m.boxes.Destroy(ctx, b))
 	}
 	if rec.PausedImage != "" {
 		errs = append(errs, os.RemoveAll(rec.PausedImage))
@@ -294,30 +293,43 @@ func (m *Manager) teardown(ctx context.Context, rec *sandbox.Sandbox, b *box) er
 	return nil
 }
 
-// SetTimeout makes the sandbox expire d from now.
-func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) error {
-	if err := m.checkTimeout(d); err != nil {
+// put writes a sandbox's record (a failpoint for tests).
+func (m *Manager) put(ctx context.Context, rec *sandbox.Sandbox) error {
+	if err := failpoint.Inject(failpoint.StorePut); err != nil {
 		return err
 	}
-	l, err := m.locked(id)
+	return m.st.Put(ctx, rec)
+}
+
+// SetTimeout makes the sandbox expire d from now (0: now).
+func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) error {
+	if err := m.checkTimeout(d, true); err != nil {
+		return err
+	}
+	l, err := m.begin(id, "changing its timeout", running, frozen, spilled)
 	if err != nil {
 		return err
 	}
-	defer l.mu.Unlock()
+	defer l.op.Unlock()
 	return m.setEnd(ctx, l, time.Now().UTC().Add(d))
 }
 
 // ExtendTimeout makes the sandbox expire no earlier than d from now (connect
 // and refresh never shorten a sandbox's life).
 func (m *Manager) ExtendTimeout(ctx context.Context, id string, d time.Duration) error {
-	if err := m.checkTimeout(d); err != nil {
+	if err := m.checkTimeout(d, false); err != nil {
 		return err
 	}
-	l, err := m.locked(id)
+	l, err := m.begin(id, "extending its timeout", running, frozen, spilled)
 	if err != nil {
 		return err
 	}
-	defer l.mu.Unlock()
+	defer l.op.Unlock()
+	return m.extend(ctx, l, d)
+}
+
+// extend is ExtendTimeout's transition. Caller holds l.op.
+func (m *Manager) extend(ctx context.Context, l *Live, d time.Duration) error {
 	end := time.Now().UTC().Add(d)
 	if end.Before(l.rec.EndAt) {
 		return nil
@@ -325,38 +337,46 @@ func (m *Manager) ExtendTimeout(ctx context.Context, id string, d time.Duration)
 	return m.setEnd(ctx, l, end)
 }
 
-// setEnd stores a new expiry and re-arms the timer. Caller holds l.mu.
+// setEnd stores a new expiry and re-arms the timer. Caller holds l.op.
 func (m *Manager) setEnd(ctx context.Context, l *Live, end time.Time) error {
 	old := l.rec.EndAt
-	l.rec.EndAt = end
-	if err := m.st.Put(ctx, l.rec); err != nil {
-		l.rec.EndAt = old
+	l.update(func() { l.rec.EndAt = end })
+	if err := m.put(ctx, l.rec); err != nil {
+		l.update(func() { l.rec.EndAt = old })
 		return err
 	}
-	if l.rec.State == sandbox.StateRunning {
-		m.armTimer(l, l.rec.ID)
+	if l.phase == running {
+		m.armTimer(l)
 	}
 	return nil
 }
 
-func (m *Manager) checkTimeout(d time.Duration) error {
-	if d <= 0 || d > m.cfg.MaxTimeout {
-		return errdefs.New(errdefs.ErrInvalidArgument, "timeout must be between 1 and %d seconds", int(m.cfg.MaxTimeout.Seconds()))
+// checkTimeout bounds a timeout; zero is allowed (expire now) where zeroOK.
+func (m *Manager) checkTimeout(d time.Duration, zeroOK bool) error {
+	if d < 0 || (d == 0 && !zeroOK) || d > m.cfg.MaxTimeout {
+		lo := 1
+		if zeroOK {
+			lo = 0
+		}
+		return errdefs.New(errdefs.ErrInvalidArgument, "timeout must be between %d and %d seconds", lo, int(m.cfg.MaxTimeout.Seconds()))
 	}
 	return nil
 }
 
-// armTimer (re)schedules expiry at l.rec.EndAt. Caller holds l.mu.
-func (m *Manager) armTimer(l *Live, id string) {
+// armTimer (re)schedules expiry at l.rec.EndAt. Caller holds l.op.
+func (m *Manager) armTimer(l *Live) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.timer != nil {
 		l.timer.Stop()
 	}
+	id := l.rec.ID
 	l.timer = time.AfterFunc(time.Until(l.rec.EndAt), func() { m.expire(l, id) })
 }
 
 func (m *Manager) expire(l *Live, id string) {
 	l.mu.Lock()
-	due := !l.dead && l.rec.State == sandbox.StateRunning && !time.Now().Before(l.rec.EndAt)
+	due := l.phase == running && !time.Now().Before(l.rec.EndAt)
 	pause := l.rec.OnTimeout == "pause"
 	l.mu.Unlock()
 	if !due { // extended or paused meanwhile, or already gone
@@ -365,38 +385,17 @@ func (m *Manager) expire(l *Live, id string) {
 	m.log.Info("sandbox timed out", "sandbox.id", id, "action", map[bool]string{true: "pause", false: "kill"}[pause])
 	var err error
 	if pause {
-		err = m.Pause(context.Background(), id)
+		err = m.Pause(context.Background(), id, sandbox.PauseRequest{})
 	} else {
 		err = m.Kill(context.Background(), id)
 	}
-	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrAlreadyExists) {
 		m.log.Error("handling timed-out sandbox", "sandbox.id", id, "err", err)
 	}
 }
 
-// PoolStats reports how many ready sandboxes per template, prepared shells
-// and snapshot standbys the pool holds.
-func (m *Manager) PoolStats() (ready map[string]int, shells int, standbys map[string]int) {
-	return m.pool.stats()
-}
-
-// Close stops the timers and the pool (destroying pooled boxes). Sandboxes
-// keep running; the next daemon adopts them.
-func (m *Manager) Close() {
-	m.pool.close()
-	close(m.closing)
-	m.destroyer.Wait()
-	m.mu.Lock()
-	lives := slices.Collect(maps.Values(m.live))
-	m.mu.Unlock()
-	for _, l := range lives {
-		l.mu.Lock()
-		if l.timer != nil {
-			l.timer.Stop()
-		}
-		if l.box != nil {
-			l.box.transport.CloseIdleConnections()
-		}
-		l.mu.Unlock()
-	}
+// PoolStats reports what the pool keeps ready.
+func (m *Manager) PoolStats() sandbox.PoolStats {
+	st := m.pool.Stats()
+	return sandbox.PoolStats{Ready: st.Ready, Shells: st.Shells, Standbys: st.Standbys}
 }

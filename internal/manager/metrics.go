@@ -3,52 +3,45 @@ package manager
 import (
 	"context"
 	"time"
-)
 
-// Metric is one resource-usage sample of a sandbox.
-type Metric struct {
-	At         time.Time
-	CPUCount   int
-	CPUUsedPct float64
-	MemUsed    uint64
-	MemTotal   uint64
-	MemCache   uint64
-	DiskUsed   uint64
-	DiskTotal  uint64
-}
+	"github.com/cellfork/cellfork/internal/sandbox"
+)
 
 // Metrics samples the sandbox now. CPU use is averaged since the previous
 // sample (or since start).
-func (m *Manager) Metrics(ctx context.Context, id string) (Metric, error) {
+func (m *Manager) Metrics(ctx context.Context, id string) (sandbox.Metric, error) {
 	l, err := m.lookup(id)
 	if err != nil {
-		return Metric{}, err
+		return sandbox.Metric{}, err
+	}
+	l.mu.Lock()
+	rec, b := cloneRecord(l.rec), l.box
+	l.mu.Unlock()
+	if b == nil { // paused on disk: uses no CPU or memory
+		return sandbox.Metric{At: time.Now().UTC(), CPUCount: rec.CPUCount, MemTotal: uint64(rec.MemoryMB) << 20,
+			DiskTotal: uint64(rec.DiskSizeMB) << 20}, nil
+	}
+	st, err := m.boxes.Stats(ctx, b)
+	if err != nil {
+		return sandbox.Metric{}, err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.box == nil { // paused on disk: uses no CPU or memory
-		return Metric{At: time.Now().UTC(), CPUCount: l.rec.CPUCount, MemTotal: uint64(l.rec.MemoryMB) << 20,
-			DiskTotal: uint64(l.rec.DiskSizeMB) << 20}, nil
-	}
-	st, err := m.rt.Stats(ctx, l.rec.RuntimeID)
-	if err != nil {
-		return Metric{}, err
-	}
 	now := time.Now()
 	since := l.lastAt
 	if since.IsZero() {
-		since = l.rec.StartedAt
+		since = rec.StartedAt
 	}
 	pct := 0.0
 	if wall := now.Sub(since); wall > 0 {
-		pct = 100 * float64(st.CPUUsage-l.lastCPU) / float64(wall) / float64(l.rec.CPUCount)
+		pct = 100 * float64(st.CPUUsage-l.lastCPU) / float64(wall) / float64(rec.CPUCount)
 	}
 	l.lastCPU, l.lastAt = st.CPUUsage, now
-	total := uint64(l.rec.MemoryMB) << 20
-	return Metric{
-		At: now.UTC(), CPUCount: l.rec.CPUCount, CPUUsedPct: min(max(pct, 0), 100),
+	total := uint64(rec.MemoryMB) << 20
+	return sandbox.Metric{
+		At: now.UTC(), CPUCount: rec.CPUCount, CPUUsedPct: min(max(pct, 0), 100),
 		MemUsed: st.MemoryBytes, MemTotal: total, MemCache: st.MemoryCache,
 		// The root overlay lives in sandbox memory: disk is memory.
-		DiskUsed: st.MemoryCache, DiskTotal: uint64(l.rec.DiskSizeMB) << 20,
+		DiskUsed: st.MemoryCache, DiskTotal: uint64(rec.DiskSizeMB) << 20,
 	}, nil
 }

@@ -2,11 +2,11 @@ package manager
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/cleanup"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/timing"
@@ -15,133 +15,231 @@ import (
 func (m *Manager) pausedDir(id string) string { return filepath.Join(m.cfg.DataDir, "paused", id) }
 
 // Pause freezes the sandbox at once (its processes stop, its memory stays)
-// and, after SpillAfter, writes its whole state to disk and frees its
-// memory and CPU. Pausing a paused sandbox is ErrAlreadyExists.
-func (m *Manager) Pause(ctx context.Context, id string) error {
-	l, err := m.locked(id)
+// and, after SpillAfter (at once with req.Spill), writes its whole state to
+// disk and frees its memory and CPU. Pausing a paused sandbox is
+// ErrAlreadyExists, unless req.Spill: then a frozen one moves to disk now.
+func (m *Manager) Pause(ctx context.Context, id string, req sandbox.PauseRequest) error {
+	allowed := []phase{running}
+	if req.Spill {
+		allowed = append(allowed, frozen, spilled)
+	}
+	l, err := m.begin(id, "pausing it", allowed...)
 	if err != nil {
 		return err
 	}
-	defer l.mu.Unlock()
-	if l.rec.State == sandbox.StatePaused {
-		return errdefs.New(errdefs.ErrAlreadyExists, "sandbox %q is already paused", id)
+	defer l.op.Unlock()
+	if l.phase == running {
+		if err := m.freeze(ctx, l); err != nil {
+			return err
+		}
+		m.log.Info("sandbox paused", "sandbox.id", id)
 	}
-	if err := m.rt.Pause(ctx, l.box.rid); err != nil {
-		return err
+	if req.Spill && l.phase == frozen {
+		return m.spill(ctx, l)
 	}
-	l.rec.State = sandbox.StatePaused
-	if err := m.st.Put(ctx, l.rec); err != nil {
-		_ = m.rt.Resume(context.WithoutCancel(ctx), l.box.rid)
-		l.rec.State = sandbox.StateRunning
-		return err
+	if l.phase == frozen {
+		m.scheduleSpill(l)
 	}
-	if l.timer != nil {
-		l.timer.Stop()
-	}
-	m.scheduleSpill(l)
-	m.log.Info("sandbox paused", "sandbox.id", id)
 	return nil
 }
 
-// scheduleSpill arms the move of a frozen sandbox to disk. Caller holds l.mu.
-func (m *Manager) scheduleSpill(l *Live) {
-	if l.timer != nil {
-		l.timer.Stop()
+// freeze pauses l's box in memory. Caller holds l.op.
+func (m *Manager) freeze(ctx context.Context, l *Live) error {
+	if err := m.boxes.Pause(ctx, l.box); err != nil {
+		return err
 	}
-	l.timer = time.AfterFunc(m.cfg.SpillAfter, func() {
-		if err := m.Spill(context.Background(), l.rec.ID); err != nil {
-			m.log.Error("spilling paused sandbox to disk", "sandbox.id", l.rec.ID, "err", err)
+	l.setPhase(frozen)
+	if err := m.put(ctx, l.rec); err != nil {
+		_ = m.boxes.Resume(context.WithoutCancel(ctx), l.box)
+		l.setPhase(running)
+		return err
+	}
+	l.update(func() {
+		if l.timer != nil {
+			l.timer.Stop()
 		}
+	})
+	return nil
+}
+
+// scheduleSpill arms the move of a frozen sandbox to disk. Caller holds
+// l.op.
+func (m *Manager) scheduleSpill(l *Live) {
+	id := l.rec.ID
+	l.update(func() {
+		if l.timer != nil {
+			l.timer.Stop()
+		}
+		l.timer = time.AfterFunc(m.cfg.SpillAfter, func() {
+			l, err := m.begin(id, "moving it to disk", frozen)
+			if err != nil {
+				return // resumed, spilled or killed meanwhile
+			}
+			defer l.op.Unlock()
+			if err := m.spill(context.Background(), l); err != nil {
+				m.log.Error("spilling paused sandbox to disk", "sandbox.id", id, "err", err)
+			}
+		})
 	})
 }
 
-// Spill writes a frozen sandbox's state to disk and frees its memory. It
-// does nothing to a running sandbox or one already on disk. The frozen box
-// stays until the image is recorded (a checkpoint of a paused sandbox
-// leaves it paused), so a crash at any point leaves one complete state.
-func (m *Manager) Spill(ctx context.Context, id string) error {
-	l, err := m.locked(id)
-	if err != nil {
-		return err
-	}
-	defer l.mu.Unlock()
-	if l.rec.State != sandbox.StatePaused || l.box == nil {
-		return nil
-	}
+// spill writes a frozen sandbox's state to disk and frees its memory. The
+// frozen box stays until the image is recorded (a checkpoint of a paused
+// box leaves it paused), so a crash at any point leaves one complete
+// state. Caller holds l.op.
+func (m *Manager) spill(ctx context.Context, l *Live) error {
 	t0 := time.Now()
-	img := m.pausedDir(id)
-	if err := m.checkpointInto(ctx, l.box.rid, img, true); err != nil {
+	img := m.pausedDir(l.rec.ID)
+	if err := m.checkpoint(ctx, l, img); err != nil {
 		return err
 	}
 	old := l.box
-	l.rec.PausedImage, l.box = img, nil
-	if err := m.st.Put(ctx, l.rec); err != nil {
+	l.update(func() {
+		l.phase, l.box, l.rec.PausedImage = spilled, nil, img
+		if l.timer != nil {
+			l.timer.Stop()
+		}
+	})
+	if err := m.put(ctx, l.rec); err != nil {
+		l.update(func() { l.phase, l.box, l.rec.PausedImage = frozen, old, "" })
+		os.RemoveAll(img)
 		return err
 	}
-	if l.timer != nil {
-		l.timer.Stop()
-	}
 	timing.Since(ctx, "spill", t0)
-	m.destroyLater(old, 0)
-	m.log.Info("paused sandbox moved to disk", "sandbox.id", id, "bytes", imageSize(img))
+	m.boxes.DestroyLater(old, 0)
+	m.log.Info("paused sandbox moved to disk", "sandbox.id", l.rec.ID, "bytes", imageSize(img))
 	return nil
 }
 
-// Resume runs a paused sandbox again, from memory or from disk, and gives
-// it timeout more to live (the default if 0). It reports false if the
-// sandbox was running already.
-func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) (bool, error) {
+// Connect returns the sandbox, resuming it if it is paused (from memory or
+// from disk). A running sandbox's life is only extended (to req.Timeout
+// from now, if longer); a resumed one gets req.Timeout (the default if 0).
+// It reports whether it resumed.
+func (m *Manager) Connect(ctx context.Context, id string, req sandbox.ConnectRequest) (*sandbox.Sandbox, bool, error) {
+	timeout := req.Timeout
+	if err := m.checkTimeout(timeout, true); err != nil {
+		return nil, false, err
+	}
+	l, err := m.begin(id, "connecting to it", running, frozen, spilled)
+	if err != nil {
+		return nil, false, err
+	}
+	defer l.op.Unlock()
+	if l.phase == running {
+		if req.MustBePaused {
+			return nil, false, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is not paused", id)
+		}
+		if timeout != 0 {
+			if err := m.extend(ctx, l, timeout); err != nil {
+				return nil, false, err
+			}
+		}
+		return l.record(), false, nil
+	}
 	if timeout == 0 {
 		timeout = m.cfg.DefaultTimeout
 	}
-	if err := m.checkTimeout(timeout); err != nil {
-		return false, err
+	if err := m.resume(ctx, l, timeout); err != nil {
+		return nil, false, err
 	}
-	l, err := m.locked(id)
-	if err != nil {
-		return false, err
-	}
-	defer l.mu.Unlock()
-	if l.rec.State == sandbox.StateRunning {
-		return false, nil
-	}
-	if l.timer != nil {
-		l.timer.Stop()
-	}
-	if l.box != nil {
-		if err := m.rt.Resume(ctx, l.box.rid); err != nil {
-			return false, err
+	return l.record(), true, nil
+}
+
+// resume runs a paused sandbox again, for timeout more. On failure it is
+// paused as it was. Caller holds l.op.
+func (m *Manager) resume(ctx context.Context, l *Live, timeout time.Duration) error {
+	was, img := l.phase, l.rec.PausedImage
+	var cu cleanup.Cleanup
+	defer cu.Clean()
+	if was == frozen {
+		if err := m.boxes.Resume(ctx, l.box); err != nil {
+			return err
 		}
+		cu.Add(func() { _ = m.boxes.Pause(context.WithoutCancel(ctx), l.box) })
 	} else {
-		release, err := m.adm.acquire(ctx)
+		release, err := m.adm.Acquire(ctx)
 		if err != nil {
-			return false, err
+			return err
 		}
 		limits := m.limits(l.rec)
-		b, err := m.restoreBox(ctx, l.rec.PausedImage, l.rec.Rootfs, limits)
+		b, err := m.pool.Restore(ctx, img, l.rec.Rootfs, limits)
 		release()
-		if err == nil {
-			if err = errors.Join(m.applyPolicy(b, l.rec.Network), m.postInit(ctx, b.transport, sandboxEnvs(l.rec, nil), &limits)); err != nil {
-				m.destroyBox(context.WithoutCancel(ctx), b)
-			}
-		}
 		if err != nil {
-			m.scheduleSpill(l)
-			return false, err
+			return err
 		}
-		l.box, l.rec.RuntimeID = b, b.rid
-		m.watchBox(ctx, l, b)
+		cu.Add(func() { m.boxes.Destroy(context.WithoutCancel(ctx), b) })
+		if err := m.boxes.HandOff(ctx, b, m.handOff(l.rec)); err != nil {
+			return err
+		}
+		l.update(func() { l.box, l.rec.RuntimeID = b, b.RID })
+		cu.Add(func() { l.update(func() { l.box = nil }) })
 	}
-	img := l.rec.PausedImage
-	l.rec.State, l.rec.PausedImage = sandbox.StateRunning, ""
-	l.rec.EndAt = time.Now().UTC().Add(timeout)
-	if err := m.st.Put(ctx, l.rec); err != nil {
-		return false, err
+	prevEnd := l.rec.EndAt
+	l.update(func() {
+		l.rec.PausedImage, l.rec.EndAt = "", time.Now().UTC().Add(timeout)
+	})
+	l.setPhase(running)
+	cu.Add(func() {
+		l.update(func() { l.rec.PausedImage, l.rec.EndAt = img, prevEnd })
+		l.setPhase(was)
+	})
+	if err := m.put(ctx, l.rec); err != nil {
+		return err
 	}
-	if img != "" {
+	cu.Release()
+	if was == spilled {
+		m.watchBox(l, l.box)
 		os.RemoveAll(img)
 	}
-	m.armTimer(l, id)
-	m.log.Info("sandbox resumed", "sandbox.id", id, "from", map[bool]string{true: "disk", false: "memory"}[img != ""])
-	return true, nil
+	m.armTimer(l)
+	m.log.Info("sandbox resumed", "sandbox.id", l.rec.ID, "from", map[bool]string{true: "disk", false: "memory"}[was == spilled])
+	return nil
+}
+
+// Endpoint is how the data plane reaches a running sandbox. A paused one is
+// ErrFailedPrecondition (with its record, for the caller's access checks),
+// unless it was created with autoResume and wake says the request may wake
+// it: then it is resumed first, for the default lifetime.
+func (m *Manager) Endpoint(ctx context.Context, id string, wake func(*sandbox.Sandbox) bool) (sandbox.Endpoint, error) {
+	l, err := m.lookup(id)
+	if err != nil {
+		return sandbox.Endpoint{}, err
+	}
+	ep, p := l.endpoint()
+	switch {
+	case p == running:
+		return ep, nil
+	case p == dead:
+		return sandbox.Endpoint{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	case !ep.Sandbox.AutoResume || wake == nil || !wake(ep.Sandbox):
+		return ep, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: connect to resume it", id)
+	}
+	// E2B's lifecycle.autoResume.
+	if _, _, err := m.Connect(ctx, id, sandbox.ConnectRequest{}); err != nil {
+		return ep, errdefs.New(errdefs.ErrUnavailable, "The paused sandbox could not be resumed: %s", userMessage(err))
+	}
+	if ep, p = l.endpoint(); p != running {
+		return ep, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is %s", id, p)
+	}
+	return ep, nil
+}
+
+// endpoint returns l's endpoint (Transport and Alive only while it runs)
+// and phase.
+func (l *Live) endpoint() (sandbox.Endpoint, phase) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ep := sandbox.Endpoint{Sandbox: cloneRecord(l.rec)}
+	if l.phase == running {
+		ep.Transport, ep.Alive = l.box.Transport, l.box.Alive()
+	}
+	return ep, l.phase
+}
+
+// userMessage is err's caller-facing message, or a generic one.
+func userMessage(err error) string {
+	if msg := errdefs.UserMessage(err); msg != "" {
+		return msg
+	}
+	return "internal error"
 }

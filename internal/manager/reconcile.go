@@ -7,35 +7,25 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
-	"github.com/cellfork/cellfork/internal/netns"
+	"github.com/cellfork/cellfork/internal/envd"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
-// Reconcile makes the daemon's view match reality after a start. It sets
-// up the host's side of sandbox egress, then adopts
+// Reconcile makes the daemon's view match reality after a start: it adopts
 // sandboxes that are recorded and still there (running, frozen, or paused
 // on disk), and removes whatever it cannot account for: records without a
-// sandbox, runsc containers, network namespaces, bundles, half-written
-// images and images without a record.
+// sandbox, runtimes, networks, bundles, half-written images and images
+// without a record.
 func (m *Manager) Reconcile(ctx context.Context) error {
-	nets, err := netns.HostNetworks()
-	if err != nil {
-		return err
-	}
-	if err := netns.SetupHost(nets); err != nil {
-		return err
-	}
-	m.netCfg = netns.Config{HostBlocked: nets, DNS: m.cfg.DNS}
 	recs, err := m.st.List(ctx)
 	if err != nil {
 		return err
 	}
 	keep := map[string]bool{} // runtime ids and image paths in use
 	for _, rec := range recs {
-		if m.adopt(ctx, rec) {
+		if m.adoptRecord(ctx, rec) {
 			keep[rec.PausedImage] = true
 			if rec.PausedImage == "" {
 				keep[rec.RuntimeID] = true
@@ -48,23 +38,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			_ = os.RemoveAll(rec.PausedImage)
 		}
 	}
-	var errs []error
-	rids, err := m.rt.List(ctx)
-	errs = append(errs, err)
-	for _, rid := range rids {
-		if !keep[rid] {
-			m.log.Warn("removing unknown runsc container", "runtime.id", rid)
-			errs = append(errs, m.rt.Destroy(ctx, rid))
-		}
-	}
-	names, err := netns.List(m.netPrefix)
-	errs = append(errs, err)
-	for _, name := range names {
-		if !keep[strings.TrimPrefix(name, m.netPrefix)] {
-			errs = append(errs, netns.Remove(name))
-		}
-	}
-	removeUnknown(filepath.Join(m.cfg.DataDir, "runtimes"), func(p string) bool { return keep[filepath.Base(p)] })
+	errs := []error{m.boxes.Sweep(ctx, func(rid string) bool { return keep[rid] })}
 	removeUnknown(filepath.Join(m.cfg.DataDir, "paused"), func(p string) bool { return keep[p] })
 	removeUnknown(filepath.Join(m.cfg.DataDir, "forks"), func(string) bool { return false })
 	errs = append(errs, m.reconcileSnapshots(ctx))
@@ -93,7 +67,7 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 	}
 	keep := map[string]bool{}
 	for _, sn := range all {
-		if _, err := os.Stat(filepath.Join(sn.Image, "checkpoint.img")); err != nil {
+		if !complete(sn.Image) {
 			m.log.Warn("removing snapshot whose image is gone", "snapshot.id", sn.ID)
 			_ = m.st.DeleteSnapshot(ctx, sn.ID)
 			continue
@@ -110,11 +84,11 @@ func complete(dir string) bool {
 	return dir != "" && err == nil
 }
 
-// adopt takes over a recorded sandbox that is still there, trusting what
-// it finds over the record where a crash fell between the two: a sandbox
-// frozen but recorded as running is paused; a paused sandbox whose image
-// was written but not yet recorded is paused on disk.
-func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox) bool {
+// adoptRecord takes over a recorded sandbox that is still there, trusting
+// what it finds over the record where a crash fell between the two: a
+// sandbox frozen but recorded as running is paused; a paused sandbox whose
+// image was written but not yet recorded is paused on disk.
+func (m *Manager) adoptRecord(ctx context.Context, rec *sandbox.Sandbox) bool {
 	if rec.State == sandbox.StatePaused {
 		img := cmp.Or(rec.PausedImage, m.pausedDir(rec.ID))
 		if complete(img) {
@@ -122,13 +96,14 @@ func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox) bool {
 				rec.PausedImage = img
 				_ = m.st.Put(ctx, rec)
 			}
-			_ = m.destroyRuntime(ctx, rec.RuntimeID) // a frozen copy may remain
-			m.register(&Live{rec: rec})
+			_ = m.boxes.DestroyRID(ctx, rec.RuntimeID) // a frozen copy may remain
+			m.register(newLive(rec, nil))
 			m.log.Info("adopted sandbox paused on disk", "sandbox.id", rec.ID)
 			return true
 		}
 	}
-	state, err := m.rt.State(ctx, rec.RuntimeID)
+	rec.PausedImage = ""
+	state, err := m.boxes.Runtime().State(ctx, rec.RuntimeID)
 	if err == nil && state == sandbox.RuntimeUnsure {
 		return m.adoptToDisk(ctx, rec)
 	}
@@ -140,30 +115,28 @@ func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox) bool {
 		rec.State = want
 		_ = m.st.Put(ctx, rec)
 	}
-	n, err := netns.Open(m.netName(rec.RuntimeID), &m.netCfg)
+	b, err := m.boxes.Adopt(rec.RuntimeID, rec.Rootfs, m.limits(rec))
 	if err != nil {
 		return false
 	}
-	limits := m.limits(rec)
-	b := newBoxValue(rec.RuntimeID, rec.Rootfs, limits, n)
 	// The router kept its rules; stating the policy again tells the
 	// network's resolver and proxy.
-	if err := m.applyPolicy(b, rec.Network); err != nil {
-		n.Close()
+	if err := m.boxes.SetPolicy(b, rec.Network); err != nil {
+		m.boxes.Release(b)
 		return false
 	}
 	if rec.State == sandbox.StateRunning {
 		// The agent must still answer, or the sandbox is of no use.
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		c, err := n.Dial(cctx, EnvdPort)
+		c, err := b.Net.Dial(cctx, envd.Port)
 		if err != nil {
-			n.Close()
+			m.boxes.Release(b)
 			return false
 		}
 		c.Close()
 	}
-	m.register(&Live{rec: rec, box: b})
+	m.register(newLive(rec, b))
 	m.log.Info("adopted sandbox", "sandbox.id", rec.ID, "state", rec.State)
 	return true
 }
@@ -175,7 +148,7 @@ func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox) bool {
 func (m *Manager) adoptToDisk(ctx context.Context, rec *sandbox.Sandbox) bool {
 	img := m.pausedDir(rec.ID)
 	_ = os.RemoveAll(img)
-	if err := m.checkpointInto(ctx, rec.RuntimeID, img, true); err != nil {
+	if err := m.boxes.CheckpointRID(ctx, rec.RuntimeID, img, true); err != nil {
 		m.log.Warn("saving a sandbox caught mid pause", "sandbox.id", rec.ID, "err", err)
 		return false
 	}
@@ -184,28 +157,8 @@ func (m *Manager) adoptToDisk(ctx context.Context, rec *sandbox.Sandbox) bool {
 		_ = os.RemoveAll(img)
 		return false
 	}
-	_ = m.destroyRuntime(ctx, rec.RuntimeID)
-	m.register(&Live{rec: rec})
+	_ = m.boxes.DestroyRID(ctx, rec.RuntimeID)
+	m.register(newLive(rec, nil))
 	m.log.Info("adopted sandbox caught mid pause, paused on disk", "sandbox.id", rec.ID)
 	return true
-}
-
-// register adds l to the live set, watches its box, and arms its timer:
-// expiry if running (an expired one fires at once), the move to disk if
-// frozen in memory.
-func (m *Manager) register(l *Live) {
-	l.mu.Lock()
-	if l.box != nil {
-		m.watchBox(context.Background(), l, l.box)
-	}
-	switch {
-	case l.rec.State == sandbox.StateRunning:
-		m.armTimer(l, l.rec.ID)
-	case l.box != nil:
-		m.scheduleSpill(l)
-	}
-	l.mu.Unlock()
-	m.mu.Lock()
-	m.live[l.rec.ID] = l
-	m.mu.Unlock()
 }

@@ -3,21 +3,17 @@ package manager
 import (
 	"cmp"
 	"context"
-	"errors"
-	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/template"
-	"github.com/cellfork/cellfork/internal/timing"
 )
 
 func (m *Manager) snapshotDir(id string) string { return filepath.Join(m.cfg.DataDir, "snapshots", id) }
@@ -41,24 +37,25 @@ func (m *Manager) findSnapshot(ctx context.Context, idOrName string) (*sandbox.S
 	return nil, errdefs.New(errdefs.ErrNotFound, "snapshot %q not found", idOrName)
 }
 
-// SnapshotUsage returns the bytes snapshot images use and the cap (0 = none).
-func (m *Manager) SnapshotUsage(ctx context.Context) (total, limit int64, count int, err error) {
+// SnapshotUsage returns the disk snapshot images use and the cap.
+func (m *Manager) SnapshotUsage(ctx context.Context) (sandbox.SnapshotUsage, error) {
 	all, err := m.st.ListSnapshots(ctx)
+	u := sandbox.SnapshotUsage{CapBytes: m.cfg.SnapshotCapBytes, Count: len(all)}
 	for _, sn := range all {
-		total += sn.SizeBytes
+		u.TotalBytes += sn.SizeBytes
 	}
-	return total, m.cfg.SnapshotCapBytes, len(all), err
+	return u, err
 }
 
 // checkDiskRoom refuses a new image when snapshots reach the cap or the
 // disk is nearly full.
 func (m *Manager) checkDiskRoom(ctx context.Context) error {
-	total, limit, _, err := m.SnapshotUsage(ctx)
+	u, err := m.SnapshotUsage(ctx)
 	if err != nil {
 		return err
 	}
-	if limit > 0 && total >= limit {
-		return errdefs.New(errdefs.ErrResourceExhausted, "snapshot disk cap reached: %d MiB used of %d MiB; delete snapshots first", total>>20, limit>>20)
+	if u.CapBytes > 0 && u.TotalBytes >= u.CapBytes {
+		return errdefs.New(errdefs.ErrResourceExhausted, "snapshot disk cap reached: %d MiB used of %d MiB; delete snapshots first", u.TotalBytes>>20, u.CapBytes>>20)
 	}
 	var fs syscall.Statfs_t
 	if err := syscall.Statfs(m.cfg.DataDir, &fs); err == nil && int64(fs.Bavail)*fs.Bsize < 1<<30 {
@@ -86,32 +83,29 @@ func checkName(name string) error {
 // Snapshot saves the sandbox's whole state (memory, processes, files,
 // sockets) as a new snapshot; the sandbox keeps running.
 func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snapshot, error) {
-	l, err := m.locked(id)
+	l, err := m.begin(id, "taking a snapshot of it", running)
 	if err != nil {
 		return nil, err
 	}
-	defer l.mu.Unlock()
-	if l.rec.State != sandbox.StateRunning {
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: resume it before taking a snapshot", id)
-	}
+	defer l.op.Unlock()
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
 	if err := m.checkDiskRoom(ctx); err != nil {
 		return nil, err
 	}
-	sid := "snap" + newID()[:16]
+	sid := "snap" + sandbox.NewID()[:16]
 	dir := m.snapshotDir(sid)
-	if err := m.checkpointInto(ctx, l.box.rid, dir, true); err != nil {
+	if err := m.checkpoint(ctx, l, dir); err != nil {
 		return nil, err
 	}
+	lim := m.limits(l.rec)
 	sn := &sandbox.Snapshot{
 		ID: sid, Names: []string{}, ParentID: l.rec.BaseSnapshot, SandboxID: id, TemplateID: l.rec.TemplateID,
 		Rootfs: l.rec.Rootfs, Image: dir, SizeBytes: imageSize(dir), CreatedAt: time.Now().UTC(),
-		Envs: maps.Clone(l.rec.Envs), Network: cloneNetwork(l.rec.Network),
+		Envs: maps.Clone(l.rec.Envs), Network: l.rec.Network.Clone(),
+		CPUCount: lim.CPUCount, MemoryMB: lim.MemoryMB, DiskMB: lim.DiskMB, PidsMax: lim.PidsMax, OpenFiles: lim.OpenFiles,
 	}
-	lim := m.limits(l.rec)
-	sn.CPUCount, sn.MemoryMB, sn.DiskMB, sn.PidsMax, sn.OpenFiles = lim.CPUCount, lim.MemoryMB, lim.DiskMB, lim.PidsMax, lim.OpenFiles
 	if name != "" {
 		sn.Names = []string{name}
 	}
@@ -119,18 +113,24 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snaps
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	l.rec.BaseSnapshot = sid
-	if err := m.st.Put(ctx, l.rec); err != nil {
+	l.update(func() { l.rec.BaseSnapshot = sid })
+	if err := m.put(ctx, l.rec); err != nil {
 		m.log.Warn("recording snapshot base", "sandbox.id", id, "err", err)
 	}
 	m.log.Info("snapshot taken", "sandbox.id", id, "snapshot.id", sid, "bytes", sn.SizeBytes)
 	return sn, nil
 }
 
-// recordSnapshot stores a new snapshot under the lock that deletes take. A
-// name moves to the newest snapshot that takes it (as E2B's named
-// snapshots do: the older one stays, reachable by id); a parent deleted
-// meanwhile is dropped.
+// checkpoint writes a leave-running checkpoint of l's box to dir, as
+// foreground work (no pool refill competes with it). Caller holds l.op.
+func (m *Manager) checkpoint(ctx context.Context, l *Live, dir string) error {
+	defer m.adm.Busy()()
+	return m.boxes.Checkpoint(ctx, l.box, dir, true)
+}
+
+// recordSnapshot stores a new snapshot under snap. A name moves to the
+// newest snapshot that takes it (as E2B's named snapshots do: the older one
+// stays, reachable by id); a parent deleted meanwhile is dropped.
 func (m *Manager) recordSnapshot(ctx context.Context, sn *sandbox.Snapshot) error {
 	m.snap.Lock()
 	defer m.snap.Unlock()
@@ -169,29 +169,26 @@ func (m *Manager) GetSnapshot(ctx context.Context, idOrName string) (*sandbox.Sn
 // sandboxes based on it.
 //
 // The tree is rewritten under snap; the sandboxes are re-based after snap
-// is released, each under its own mu (lock order: Live.mu before snap, see
+// is released, each under its own op (lock order: Live.op before snap, see
 // Manager). A snapshot being taken of a sandbox meanwhile holds that
-// sandbox's mu until its base is recorded, so the re-base sees it.
+// sandbox's op until its base is recorded, so the re-base sees it.
 func (m *Manager) DeleteSnapshot(ctx context.Context, idOrName string) error {
 	sn, err := m.unrecordSnapshot(ctx, idOrName)
 	if err != nil {
 		return err
 	}
-	m.mu.Lock()
-	lives := slices.Collect(maps.Values(m.live))
-	m.mu.Unlock()
-	for _, l := range lives {
-		l.mu.Lock()
-		if !l.dead && l.rec.BaseSnapshot == sn.ID {
-			l.rec.BaseSnapshot = sn.ParentID
-			if err := m.st.Put(ctx, l.rec); err != nil {
+	for _, l := range m.lives() {
+		l.op.Lock()
+		if l.phase != dead && l.rec.BaseSnapshot == sn.ID {
+			l.update(func() { l.rec.BaseSnapshot = sn.ParentID })
+			if err := m.put(ctx, l.rec); err != nil {
 				m.log.Warn("re-basing sandbox", "sandbox.id", l.rec.ID, "err", err)
 			}
 		}
-		l.mu.Unlock()
+		l.op.Unlock()
 	}
-	m.pool.dropStandby(sn.ID)
-	m.images.remove(sn.Image)
+	m.pool.DropStandby(sn.ID)
+	m.boxes.RemoveImage(sn.Image)
 	m.log.Info("snapshot deleted", "snapshot.id", sn.ID)
 	return nil
 }
@@ -221,46 +218,6 @@ func (m *Manager) unrecordSnapshot(ctx context.Context, idOrName string) (*sandb
 		return nil, err
 	}
 	return sn, nil
-}
-
-// imageRefs counts restores reading each image, so that deleting an image
-// waits until the last one is done. Safe for concurrent use.
-type imageRefs struct {
-	mu     sync.Mutex
-	n      map[string]int
-	doomed map[string]bool
-}
-
-func (r *imageRefs) acquire(path string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.n == nil {
-		r.n, r.doomed = map[string]int{}, map[string]bool{}
-	}
-	r.n[path]++
-}
-
-func (r *imageRefs) release(path string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.n[path]--; r.n[path] <= 0 {
-		delete(r.n, path)
-		if r.doomed[path] {
-			delete(r.doomed, path)
-			_ = os.RemoveAll(path)
-		}
-	}
-}
-
-// remove deletes the image now, or when its last reader is done.
-func (r *imageRefs) remove(path string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.n[path] > 0 {
-		r.doomed[path] = true
-		return
-	}
-	_ = os.RemoveAll(path)
 }
 
 // treeRoot follows parent links to the root of a snapshot's tree.
@@ -298,188 +255,14 @@ func (m *Manager) inTree(ctx context.Context, rec *sandbox.Sandbox, sn *sandbox.
 	return false, nil
 }
 
-// Rollback restores the sandbox in place to a snapshot of its tree: same
-// id, same address, the snapshot's state. The new state is started before
-// the old one is dropped, so a failed rollback leaves the sandbox as it was.
-func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.Sandbox, error) {
-	defer m.adm.busy()()
-	sn, err := m.findSnapshot(ctx, snapshot)
-	if err != nil {
-		return nil, err
-	}
-	m.images.acquire(sn.Image)
-	defer m.images.release(sn.Image)
-	l, err := m.locked(id)
-	if err != nil {
-		return nil, err
-	}
-	defer l.mu.Unlock()
-	if l.rec.State != sandbox.StateRunning {
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: resume it before rolling back", id)
-	}
-	ok, err := m.inTree(ctx, l.rec, sn)
-	if err != nil {
-		return nil, err
-	}
-	if !ok || sn.Rootfs != l.rec.Rootfs {
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q is not in the snapshot tree of sandbox %q", snapshot, id)
-	}
-	lim := m.limits(l.rec)
-	if err := frozenFits("snapshot "+sn.ID, sn.Limits(), lim); err != nil {
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "cannot roll sandbox %q back: %v", id, err)
-	}
-	nb := m.resumeStandby(ctx, sn.ID, lim)
-	if nb == nil {
-		release, err := m.adm.acquire(ctx)
-		if err != nil {
-			return nil, err
-		}
-		nb, err = m.restoreBox(ctx, sn.Image, sn.Rootfs, lim)
-		release()
-		if err != nil {
-			return nil, fmt.Errorf("rolling back sandbox %s: %w", id, err)
+// imageSize is the bytes an image directory takes on disk.
+func imageSize(dir string) int64 {
+	var n int64
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if fi, err := e.Info(); err == nil {
+			n += fi.Size()
 		}
 	}
-	if err := errors.Join(m.applyPolicy(nb, l.rec.Network), m.postInit(ctx, nb.transport, sandboxEnvs(l.rec, nil), &lim)); err != nil {
-		m.destroyBox(context.WithoutCancel(ctx), nb)
-		return nil, fmt.Errorf("rolling back sandbox %s: %w", id, err)
-	}
-	old, oldRID, oldBase := l.box, l.rec.RuntimeID, l.rec.BaseSnapshot
-	l.box, l.rec.RuntimeID, l.rec.BaseSnapshot = nb, nb.rid, sn.ID
-	if err := m.st.Put(ctx, l.rec); err != nil {
-		l.box, l.rec.RuntimeID, l.rec.BaseSnapshot = old, oldRID, oldBase
-		m.destroyBox(context.WithoutCancel(ctx), nb)
-		return nil, err
-	}
-	m.watchBox(ctx, l, nb)
-	// Off the critical path, and after the client's next request: a
-	// destroy costs CPU that request would wait for.
-	m.destroyLater(old, idleGrace)
-	m.pool.useStandby(sn, lim)
-	m.log.Info("sandbox rolled back", "sandbox.id", id, "snapshot.id", sn.ID)
-	return cloneRecord(l.rec), nil
-}
-
-// ForkResult is one child of a fork: a sandbox or an error.
-type ForkResult struct {
-	Sandbox *sandbox.Sandbox
-	Err     error
-}
-
-// Fork makes n independent copies of the running sandbox at one instant
-// (one checkpoint, n parallel restores); the parent keeps running. A
-// failed child does not fail the others.
-func (m *Manager) Fork(ctx context.Context, id string, n int, timeout time.Duration) ([]ForkResult, error) {
-	if n < 1 || n > m.cfg.MaxFork {
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "count must be between 1 and %d", m.cfg.MaxFork)
-	}
-	if timeout == 0 {
-		timeout = m.cfg.DefaultTimeout
-	}
-	if err := m.checkTimeout(timeout); err != nil {
-		return nil, err
-	}
-	l, err := m.locked(id)
-	if err != nil {
-		return nil, err
-	}
-	if l.rec.State != sandbox.StateRunning {
-		l.mu.Unlock()
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: resume it before forking", id)
-	}
-	img := filepath.Join(m.cfg.DataDir, "forks", randomHex(8))
-	err = m.checkpointInto(ctx, l.box.rid, img, true)
-	parent, limits := cloneRecord(l.rec), l.box.limits
-	l.mu.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(img)
-	t0 := time.Now()
-	results := make([]ForkResult, n)
-	var wg sync.WaitGroup
-	for i := range results {
-		wg.Go(func() {
-			results[i].Sandbox, results[i].Err = m.forkChild(ctx, parent, img, limits, timeout)
-		})
-	}
-	wg.Wait()
-	timing.Since(ctx, "children", t0)
-	return results, nil
-}
-
-func (m *Manager) forkChild(ctx context.Context, parent *sandbox.Sandbox, img string, limits sandbox.Limits, timeout time.Duration) (*sandbox.Sandbox, error) {
-	release, err := m.adm.acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	b, err := m.restoreBox(ctx, img, parent.Rootfs, limits)
-	release()
-	if err != nil {
-		return nil, err
-	}
-	now := time.Now().UTC()
-	rec := cloneRecord(parent)
-	rec.ID, rec.AccessToken, rec.RuntimeID, rec.BootMode = newID(), randomHex(16), b.rid, "fork"
-	rec.ParentID, rec.StartedAt, rec.EndAt, rec.PausedImage = parent.ID, now, now.Add(timeout), ""
-	if err := m.adoptNew(ctx, rec, b, nil); err != nil {
-		return nil, err
-	}
-	return cloneRecord(rec), nil
-}
-
-// Merge makes a fork child's state the parent's, under the parent's id and
-// address; the child's id goes away and the parent's old state is dropped.
-// Other children are untouched.
-func (m *Manager) Merge(ctx context.Context, parentID, childID string) (*sandbox.Sandbox, error) {
-	if parentID == childID {
-		return nil, errdefs.New(errdefs.ErrInvalidArgument, "cannot merge a sandbox into itself")
-	}
-	first, second := parentID, childID
-	if second < first {
-		first, second = second, first
-	}
-	a, err := m.locked(first)
-	if err != nil {
-		return nil, err
-	}
-	defer a.mu.Unlock()
-	b, err := m.locked(second)
-	if err != nil {
-		return nil, err
-	}
-	defer b.mu.Unlock()
-	p, c := a, b
-	if p.rec.ID != parentID {
-		p, c = b, a
-	}
-	if c.rec.ParentID != parentID {
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is not a fork child of %q", childID, parentID)
-	}
-	if p.rec.State != sandbox.StateRunning || c.rec.State != sandbox.StateRunning {
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "both sandboxes must be running to merge")
-	}
-	if err := m.applyPolicy(c.box, p.rec.Network); err != nil { // the parent's policy stays
-		return nil, err
-	}
-	if err := m.postInit(ctx, c.box.transport, sandboxEnvs(p.rec, nil), nil); err != nil { // and its identity
-		return nil, err
-	}
-	old := p.box
-	prev := *p.rec
-	p.box, p.rec.RuntimeID, p.rec.BaseSnapshot = c.box, c.box.rid, c.rec.BaseSnapshot
-	if err := m.st.Put(ctx, p.rec); err != nil {
-		p.box, *p.rec = old, prev
-		_ = m.postInit(context.WithoutCancel(ctx), c.box.transport, sandboxEnvs(c.rec, nil), nil)
-		return nil, err
-	}
-	m.watchBox(ctx, p, p.box)
-	m.forget(c)
-	c.box = nil
-	if err := m.st.Delete(ctx, childID); err != nil {
-		m.log.Warn("deleting merged child record", "sandbox.id", childID, "err", err)
-	}
-	m.destroyLater(old, 0)
-	m.log.Info("sandbox merged", "sandbox.id", parentID, "child", childID)
-	return cloneRecord(p.rec), nil
+	return n
 }

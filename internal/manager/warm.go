@@ -4,31 +4,28 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/box"
+	"github.com/cellfork/cellfork/internal/pool"
 	"github.com/cellfork/cellfork/internal/template"
 )
 
-// warmImage is a template's checkpoint taken right after boot: agent up,
-// default code context started, pre-imports done. Creating a sandbox
-// restores it instead of booting.
-type warmImage struct {
-	rootfs string
-	image  string
-}
-
 // Warm makes sure the template has a warm image (building it if needed)
-// and hands it to the pool. Without one, creates boot the template.
+// and hands it to the pool. A warm image is a template's checkpoint taken
+// right after boot: agent up, default code context started, pre-imports
+// done. Creating a sandbox restores it instead of booting; without one,
+// creates boot the template.
 func (m *Manager) Warm(ctx context.Context, name string) error {
 	rootfs, err := m.tpl.Rootfs(ctx, name, io.Discard)
 	if err != nil {
 		return err
 	}
-	key, err := m.tpl.WarmKey(name, m.bootKey(name))
+	limits := m.templateLimits(name)
+	key, err := m.tpl.WarmKey(name, m.boxes.BootKey(limits.DiskMB))
 	if err != nil {
 		return err
 	}
@@ -40,7 +37,7 @@ func (m *Manager) Warm(ctx context.Context, name string) error {
 		return err
 	}
 	defer unlock()
-	if _, err := os.Stat(filepath.Join(image, "checkpoint.img")); err != nil {
+	if !complete(image) {
 		t0 := time.Now()
 		m.log.Info("building warm image", "template", name, "preimport", strings.Join(template.Preimport(name), ","))
 		if err := m.buildWarm(ctx, name, rootfs, image); err != nil {
@@ -53,55 +50,30 @@ func (m *Manager) Warm(ctx context.Context, name string) error {
 		return err
 	}
 	pruneWarm(dir, filepath.Base(image))
-	m.pool.setWarm(name, warmImage{rootfs: rootfs, image: image})
+	m.pool.SetWarm(name, pool.Warm{Rootfs: rootfs, Image: image, Limits: limits})
 	return nil
 }
 
 func (m *Manager) buildWarm(ctx context.Context, name, rootfs, image string) error {
 	// The template's size (its disk is frozen in the image) and the
 	// maximum process limits, which each sandbox's hand-off lowers.
-	b, err := m.bootBox(ctx, rootfs, m.templateLimits(name),
+	b, err := m.boxes.Boot(ctx, rootfs, m.templateLimits(name),
 		"CELLFORK_PREIMPORT="+strings.Join(template.Preimport(name), ","))
 	if err != nil {
 		return err
 	}
-	defer m.destroyBox(context.WithoutCancel(ctx), b)
-	if err := m.postInit(ctx, b.transport, nil, nil); err != nil {
+	defer m.boxes.Destroy(context.WithoutCancel(ctx), b)
+	// No identity, no limits, no egress: those come at each hand-off.
+	if err := m.boxes.HandOff(ctx, b, box.HandOff{}); err != nil {
 		return err
 	}
 	// Wait for the default code context (and its pre-imports).
-	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(rctx, http.MethodGet, fmt.Sprintf("http://sandbox:%d/ready", CodeInterpreterPort), nil)
-	resp, err := b.transport.RoundTrip(req)
-	if err != nil {
-		return fmt.Errorf("waiting for the default code context: %w", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		return fmt.Errorf("default code context failed to start: %s", resp.Status)
-	}
-	b.transport.CloseIdleConnections()
-	return m.checkpointInto(ctx, b.rid, image, false)
-}
-
-// checkpointInto writes a checkpoint to a temporary directory and renames
-// it into place, so that a crash never leaves a half-written image at path.
-func (m *Manager) checkpointInto(ctx context.Context, rid, path string, leaveRunning bool) error {
-	defer m.adm.busy()()
-	tmp := path + ".tmp-" + randomHex(4)
-	if err := os.MkdirAll(tmp, 0o700); err != nil {
+	if err := m.boxes.Agent().WaitReady(ctx, b); err != nil {
 		return err
 	}
-	if err := m.rt.Checkpoint(ctx, rid, tmp, leaveRunning); err != nil {
-		os.RemoveAll(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.RemoveAll(tmp)
-		return err
-	}
-	return nil
+	b.Transport.CloseIdleConnections()
+	defer m.adm.Busy()()
+	return m.boxes.Checkpoint(ctx, b, image, false)
 }
 
 // pruneWarm removes the template's other warm images that no running
@@ -118,16 +90,4 @@ func pruneWarm(dir, keep string) {
 			template.Prune(filepath.Join(dir, n))
 		}
 	}
-}
-
-// imageSize is the bytes an image directory takes on disk.
-func imageSize(dir string) int64 {
-	var n int64
-	entries, _ := os.ReadDir(dir)
-	for _, e := range entries {
-		if fi, err := e.Info(); err == nil {
-			n += fi.Size()
-		}
-	}
-	return n
 }

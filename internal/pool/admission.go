@@ -1,4 +1,4 @@
-package manager
+package pool
 
 import (
 	"context"
@@ -8,31 +8,31 @@ import (
 	"github.com/cellfork/cellfork/internal/errdefs"
 )
 
-// admission bounds how many sandbox starts (boots and restores) run at once,
+// Admission bounds how many sandbox starts (boots and restores) run at once,
 // so that a burst queues instead of thrashing the CPUs. Waiters are served
 // in arrival order; past maxWaiters, or after maxWait, a request is refused
 // with ErrUnavailable (HTTP 503 with Retry-After). Background work (the
 // pool's refill) runs only while no request holds or waits for a slot and
 // no other foreground work runs (busy): restores and checkpoints are
 // CPU-bound, and so is a refill. Speculative background work (standbys)
-// also waits idleGrace after the last foreground work ended, so that the
+// also waits IdleGrace after the last foreground work ended, so that the
 // client's next request (the first run_code after a rollback) goes first.
 // Safe for concurrent use.
-type admission struct {
+type Admission struct {
 	slots      chan struct{}
 	waiting    chan struct{} // one token per waiter
 	foreground atomic.Int32  // requests holding or waiting for a slot, and busy work
 	lastEnd    atomic.Int64  // when foreground work last ended (UnixNano)
 	maxWait    time.Duration
-	onIdle     func() // called when the last foreground work ends, and idleGrace later
+	onIdle     func() // called when the last foreground work ends, and IdleGrace later
 }
 
-// idleGrace is how long speculative background work waits after
+// IdleGrace is how long speculative background work waits after
 // foreground work.
-const idleGrace = 250 * time.Millisecond
+const IdleGrace = 250 * time.Millisecond
 
-func newAdmission(concurrency, maxWaiters int, maxWait time.Duration, onIdle func()) *admission {
-	return &admission{
+func NewAdmission(concurrency, maxWaiters int, maxWait time.Duration, onIdle func()) *Admission {
+	return &Admission{
 		slots:   make(chan struct{}, concurrency),
 		waiting: make(chan struct{}, maxWaiters),
 		maxWait: maxWait,
@@ -40,8 +40,8 @@ func newAdmission(concurrency, maxWaiters int, maxWait time.Duration, onIdle fun
 	}
 }
 
-// acquire waits for a slot; the caller must call the returned release.
-func (a *admission) acquire(ctx context.Context) (func(), error) {
+// Acquire waits for a slot; the caller must call the returned release.
+func (a *Admission) Acquire(ctx context.Context) (func(), error) {
 	a.foreground.Add(1)
 	release, err := a.wait(ctx)
 	if err != nil {
@@ -51,24 +51,24 @@ func (a *admission) acquire(ctx context.Context) (func(), error) {
 	return func() { release(); a.releaseForeground() }, nil
 }
 
-// busy marks foreground work that needs no slot (a checkpoint) until the
+// Busy marks foreground work that needs no slot (a checkpoint) until the
 // returned func is called, so that no refill competes with it either.
-func (a *admission) busy() func() {
+func (a *Admission) Busy() func() {
 	a.foreground.Add(1)
 	return a.releaseForeground
 }
 
-func (a *admission) releaseForeground() {
+func (a *Admission) releaseForeground() {
 	if a.foreground.Add(-1) == 0 {
 		a.lastEnd.Store(time.Now().UnixNano())
 		if a.onIdle != nil {
 			a.onIdle()
-			time.AfterFunc(idleGrace, a.onIdle)
+			time.AfterFunc(IdleGrace, a.onIdle)
 		}
 	}
 }
 
-func (a *admission) wait(ctx context.Context) (func(), error) {
+func (a *Admission) wait(ctx context.Context) (func(), error) {
 	select {
 	case a.slots <- struct{}{}:
 		return a.release, nil
@@ -92,11 +92,11 @@ func (a *admission) wait(ctx context.Context) (func(), error) {
 	}
 }
 
-// tryAcquire takes a slot only if no foreground work runs (and, for
-// speculative work, none ended less than idleGrace ago): how background
+// TryAcquire takes a slot only if no foreground work runs (and, for
+// speculative work, none ended less than IdleGrace ago): how background
 // work (pool refill) stays out of the foreground's way.
-func (a *admission) tryAcquire(speculative bool) (func(), bool) {
-	if a.foreground.Load() > 0 || speculative && time.Since(time.Unix(0, a.lastEnd.Load())) < idleGrace {
+func (a *Admission) TryAcquire(speculative bool) (func(), bool) {
+	if a.foreground.Load() > 0 || speculative && time.Since(time.Unix(0, a.lastEnd.Load())) < IdleGrace {
 		return nil, false
 	}
 	select {
@@ -107,7 +107,7 @@ func (a *admission) tryAcquire(speculative bool) (func(), bool) {
 	}
 }
 
-func (a *admission) release() { <-a.slots }
+func (a *Admission) release() { <-a.slots }
 
-// idle reports whether no start runs or waits.
-func (a *admission) idle() bool { return len(a.slots) == 0 && a.foreground.Load() == 0 }
+// Idle reports whether no start runs or waits.
+func (a *Admission) Idle() bool { return len(a.slots) == 0 && a.foreground.Load() == 0 }

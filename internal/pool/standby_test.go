@@ -1,14 +1,16 @@
-package manager
+package pool
 
 import (
+	"log/slog"
 	"slices"
 	"testing"
 
+	"github.com/cellfork/cellfork/internal/box"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
 func TestStandbysLeastRecentlyUsedGoFirst(t *testing.T) {
-	p := newPool(&Manager{}, 0, 0, 2)
+	p := New(nil, Config{Standbys: 2}, slog.Default())
 	lim := sandbox.Limits{CPUCount: 1, MemoryMB: 1024}
 	ids := func() []string {
 		var out []string
@@ -17,20 +19,20 @@ func TestStandbysLeastRecentlyUsedGoFirst(t *testing.T) {
 		}
 		return out
 	}
-	a, b, c := &sandbox.Snapshot{ID: "a"}, &sandbox.Snapshot{ID: "b"}, &sandbox.Snapshot{ID: "c"}
-	p.useStandby(a, lim)
+	use := func(id string) { p.UseStandby(id, "img-"+id, "rootfs", lim) }
+	use("a")
 	first := p.standbys[0]
-	p.useStandby(b, lim)
-	p.useStandby(c, lim)
+	use("b")
+	use("c")
 	if got := ids(); !slices.Equal(got, []string{"b", "c"}) || !first.dropped {
 		t.Fatalf("after a, b, c with room for 2: %v (a dropped: %v)", got, first.dropped)
 	}
-	p.useStandby(b, lim)
+	use("b")
 	if got := ids(); !slices.Equal(got, []string{"c", "b"}) {
 		t.Fatalf("b used again goes last: %v", got)
 	}
 
-	frozen := &box{}
+	frozen := &box.Box{}
 	p.standbys[0].box = frozen
 	if p.takeStandby("c", sandbox.Limits{CPUCount: 2, MemoryMB: 1024}) != nil {
 		t.Error("a standby restored with other limits was handed out")
@@ -42,12 +44,12 @@ func TestStandbysLeastRecentlyUsedGoFirst(t *testing.T) {
 		t.Errorf("the most recently used missing standby fills first, got %+v", s)
 	}
 
-	p.dropStandby("b")
+	p.DropStandby("b")
 	if got := ids(); !slices.Equal(got, []string{"c"}) {
 		t.Fatalf("after dropping b: %v", got)
 	}
-	off := newPool(&Manager{}, 0, 0, 0)
-	if off.useStandby(a, lim); len(off.standbys) != 0 {
+	off := New(nil, Config{}, slog.Default())
+	if off.UseStandby("a", "img-a", "rootfs", lim); len(off.standbys) != 0 {
 		t.Error("standbys kept with --standby-snapshots 0")
 	}
 }

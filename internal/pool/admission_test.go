@@ -1,4 +1,4 @@
-package manager
+package pool
 
 import (
 	"context"
@@ -10,18 +10,18 @@ import (
 )
 
 func TestAdmissionQueuesInOrderThenRefuses(t *testing.T) {
-	a := newAdmission(1, 2, time.Second, nil)
-	release, err := a.acquire(context.Background())
+	a := NewAdmission(1, 2, time.Second, nil)
+	release, err := a.Acquire(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := a.tryAcquire(false); ok {
+	if _, ok := a.TryAcquire(false); ok {
 		t.Fatal("background work took the only slot")
 	}
 	order := make(chan int, 2)
 	for i := range 2 {
 		go func() {
-			r, err := a.acquire(context.Background())
+			r, err := a.Acquire(context.Background())
 			if err != nil {
 				t.Error(err)
 				return
@@ -32,20 +32,20 @@ func TestAdmissionQueuesInOrderThenRefuses(t *testing.T) {
 		}()
 		time.Sleep(20 * time.Millisecond) // arrive in order
 	}
-	if _, err := a.acquire(context.Background()); !errors.Is(err, errdefs.ErrUnavailable) || errdefs.UserMessage(err) == "" {
+	if _, err := a.Acquire(context.Background()); !errors.Is(err, errdefs.ErrUnavailable) || errdefs.UserMessage(err) == "" {
 		t.Fatalf("third waiter: %v", err)
 	}
-	if _, ok := a.tryAcquire(false); ok {
+	if _, ok := a.TryAcquire(false); ok {
 		t.Fatal("background work jumped the queue")
 	}
 	release()
 	if first, second := <-order, <-order; first != 0 || second != 1 {
 		t.Fatalf("served %d then %d", first, second)
 	}
-	for deadline := time.Now().Add(time.Second); !a.idle() && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(time.Second); !a.Idle() && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond) // the waiters hold their slot 10 ms
 	}
-	if r, ok := a.tryAcquire(false); !ok {
+	if r, ok := a.TryAcquire(false); !ok {
 		t.Fatal("idle gate refused background work")
 	} else {
 		r()
@@ -53,29 +53,29 @@ func TestAdmissionQueuesInOrderThenRefuses(t *testing.T) {
 }
 
 func TestAdmissionWaitBound(t *testing.T) {
-	a := newAdmission(1, 4, 50*time.Millisecond, nil)
-	release, _ := a.acquire(context.Background())
+	a := NewAdmission(1, 4, 50*time.Millisecond, nil)
+	release, _ := a.Acquire(context.Background())
 	defer release()
 	start := time.Now()
-	_, err := a.acquire(context.Background())
+	_, err := a.Acquire(context.Background())
 	if !errors.Is(err, errdefs.ErrUnavailable) || time.Since(start) > time.Second {
 		t.Fatalf("waited %v: %v", time.Since(start), err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := a.acquire(ctx); !errors.Is(err, context.Canceled) {
+	if _, err := a.Acquire(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled wait: %v", err)
 	}
 }
 
 func TestAdmissionRefillWaitsForRequests(t *testing.T) {
 	idle := make(chan struct{}, 2)
-	a := newAdmission(4, 4, time.Second, func() { idle <- struct{}{} })
-	release, err := a.acquire(context.Background())
+	a := NewAdmission(4, 4, time.Second, func() { idle <- struct{}{} })
+	release, err := a.Acquire(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := a.tryAcquire(false); ok {
+	if _, ok := a.TryAcquire(false); ok {
 		t.Fatal("a refill shared the CPUs with a running request although slots were free")
 	}
 	release()
@@ -84,10 +84,10 @@ func TestAdmissionRefillWaitsForRequests(t *testing.T) {
 	default:
 		t.Fatal("the pool was not told at once that the last request finished")
 	}
-	if _, ok := a.tryAcquire(true); ok {
+	if _, ok := a.TryAcquire(true); ok {
 		t.Fatal("a standby fill started while the client's next request may still come")
 	}
-	r, ok := a.tryAcquire(false)
+	r, ok := a.TryAcquire(false)
 	if !ok {
 		t.Fatal("no request runs, yet the refill was refused")
 	}
@@ -97,7 +97,7 @@ func TestAdmissionRefillWaitsForRequests(t *testing.T) {
 	case <-time.After(time.Second):
 		t.Fatal("the pool was not told again once the grace ended")
 	}
-	if r, ok := a.tryAcquire(true); !ok {
+	if r, ok := a.TryAcquire(true); !ok {
 		t.Fatal("the grace ended, yet the standby fill was refused")
 	} else {
 		r()
@@ -105,6 +105,6 @@ func TestAdmissionRefillWaitsForRequests(t *testing.T) {
 	select {
 	case <-idle:
 		t.Fatal("background work's release counted as a request's")
-	case <-time.After(2 * idleGrace):
+	case <-time.After(2 * IdleGrace):
 	}
 }

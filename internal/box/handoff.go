@@ -1,0 +1,97 @@
+package box
+
+import (
+	"context"
+	"reflect"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/envd"
+	"github.com/cellfork/cellfork/internal/failpoint"
+	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/timing"
+)
+
+// HandOff is what a box gets when it is given to a sandbox.
+type HandOff struct {
+	// Policy is the sandbox's network policy.
+	Policy sandbox.Network
+	// Envs are the environment variables the agent gives commands and code
+	// (the sandbox's identity variables among them); nil: none to add.
+	Envs map[string]string
+	// Limits are the sandbox's. CPUs, memory and disk must be the box's
+	// already; its host pids bound is resized, and the agent lowers the
+	// process limits, unless the box has exactly these.
+	Limits sandbox.Limits
+}
+
+// HandOff gives b to a sandbox: the network policy, the limits and POST
+// /init. It is the one way every path (pool, create, restore, rollback,
+// resume, merge, fork children) hands a box over. What it applied is
+// recorded on b, so a second hand-off of the same settings costs only the
+// /init. The caller destroys b if it fails.
+func (f *Factory) HandOff(ctx context.Context, b *Box, h HandOff) error {
+	t0 := time.Now()
+	if err := f.SetPolicy(b, h.Policy); err != nil {
+		return err
+	}
+	timing.Since(ctx, "policy", t0)
+	t0 = time.Now()
+	defer timing.Since(ctx, "init", t0)
+	if err := f.fitPids(ctx, b, h.Limits); err != nil {
+		return err
+	}
+	init := envd.InitRequest{EnvVars: h.Envs, DefaultUser: "user", MaxUploadBytes: f.cfg.MaxUploadBytes}
+	want := sandbox.Limits{PidsMax: h.Limits.PidsMax, OpenFiles: h.Limits.OpenFiles}
+	if b.rlimits != want {
+		init.PidsMax, init.OpenFiles = int64(want.PidsMax), int64(want.OpenFiles)
+	}
+	if err := failpoint.Inject(failpoint.Init); err != nil {
+		return err
+	}
+	if err := f.agent.Init(ctx, b, init); err != nil {
+		return err
+	}
+	b.rlimits = want
+	return nil
+}
+
+// Ready does to a box waiting in the pool what its hand-off would
+// otherwise wait for: the default network policy and limits (most creates
+// ask for those), and a kept-alive connection to the agent.
+func (f *Factory) Ready(ctx context.Context, b *Box, limits sandbox.Limits) error {
+	if err := f.HandOff(ctx, b, HandOff{Policy: sandbox.DefaultNetwork, Limits: limits}); err != nil {
+		return err
+	}
+	return f.agent.Health(ctx, b)
+}
+
+// SetPolicy installs a network policy on b, unless it is there already.
+func (f *Factory) SetPolicy(b *Box, n sandbox.Network) error {
+	if b.policy != nil && reflect.DeepEqual(*b.policy, n) {
+		return nil
+	}
+	p, err := sandbox.ParsePolicy(n)
+	if err != nil {
+		return err
+	}
+	if err := b.Net.SetPolicy(p); err != nil {
+		return err
+	}
+	c := n.Clone()
+	b.policy = &c
+	return nil
+}
+
+// fitPids resizes b's host pids cgroup for l (the rest of l is b's
+// already, or set by the agent at hand-off) and records l as b's limits.
+func (f *Factory) fitPids(ctx context.Context, b *Box, l sandbox.Limits) error {
+	if b.limits.PidsMax != l.PidsMax && l.PidsMax != 0 {
+		if err := f.rt.SetPidsMax(ctx, b.RID, l.PidsMax); err != nil {
+			return err
+		}
+	}
+	if l != (sandbox.Limits{}) {
+		b.limits = l
+	}
+	return nil
+}

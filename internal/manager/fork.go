@@ -1,0 +1,227 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/box"
+	"github.com/cellfork/cellfork/internal/cleanup"
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/pool"
+	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/timing"
+)
+
+// holdSnapshot keeps sn's image on disk until the returned func is called,
+// and checks sn was not deleted before the hold took (DeleteSnapshot drops
+// the record before the image).
+func (m *Manager) holdSnapshot(ctx context.Context, sn *sandbox.Snapshot) (func(), error) {
+	release := m.boxes.HoldImage(sn.Image)
+	if _, err := m.st.GetSnapshot(ctx, sn.ID); err != nil {
+		release()
+		return nil, errdefs.New(errdefs.ErrNotFound, "snapshot %q not found", sn.ID)
+	}
+	return release, nil
+}
+
+// Rollback restores the sandbox in place to a snapshot of its tree: same
+// id, same address, the snapshot's state. The new state is started before
+// the old one is dropped, so a failed rollback leaves the sandbox as it was.
+func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.Sandbox, error) {
+	defer m.adm.Busy()()
+	sn, err := m.findSnapshot(ctx, snapshot)
+	if err != nil {
+		return nil, err
+	}
+	release, err := m.holdSnapshot(ctx, sn)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	l, err := m.begin(id, "rolling it back", running)
+	if err != nil {
+		return nil, err
+	}
+	defer l.op.Unlock()
+	ok, err := m.inTree(ctx, l.rec, sn)
+	if err != nil {
+		return nil, err
+	}
+	if !ok || sn.Rootfs != l.rec.Rootfs {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q is not in the snapshot tree of sandbox %q", snapshot, id)
+	}
+	lim := m.limits(l.rec)
+	if err := frozenFits("snapshot "+sn.ID, sn.Limits(), lim); err != nil {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "cannot roll sandbox %q back: %v", id, err)
+	}
+	nb, err := m.restoreOrStandby(ctx, sn, lim)
+	if err != nil {
+		return nil, fmt.Errorf("rolling back sandbox %s: %w", id, err)
+	}
+	cu := cleanup.Make(func() { m.boxes.Destroy(context.WithoutCancel(ctx), nb) })
+	defer cu.Clean()
+	old, err := m.swapBox(ctx, l, nb, func() { l.rec.BaseSnapshot = sn.ID })
+	if err != nil {
+		return nil, fmt.Errorf("rolling back sandbox %s: %w", id, err)
+	}
+	cu.Release()
+	// Off the critical path, and after the client's next request: a
+	// destroy costs CPU that request would wait for.
+	m.boxes.DestroyLater(old, pool.IdleGrace)
+	m.pool.UseStandby(sn.ID, sn.Image, sn.Rootfs, lim)
+	m.log.Info("sandbox rolled back", "sandbox.id", id, "snapshot.id", sn.ID)
+	return l.record(), nil
+}
+
+// restoreOrStandby gets a running box of sn's state: its standby if it has
+// one for lim, else a restore.
+func (m *Manager) restoreOrStandby(ctx context.Context, sn *sandbox.Snapshot, lim sandbox.Limits) (*box.Box, error) {
+	if b := m.pool.ResumeStandby(ctx, sn.ID, lim); b != nil {
+		return b, nil
+	}
+	release, err := m.adm.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	return m.pool.Restore(ctx, sn.Image, sn.Rootfs, lim)
+}
+
+// swapBox hands nb to the sandbox of l in place of its box, with change
+// applied to its record, and returns the old box for the caller to
+// destroy. On failure l is as it was and nb is the caller's. Caller holds
+// l.op.
+func (m *Manager) swapBox(ctx context.Context, l *Live, nb *box.Box, change func()) (*box.Box, error) {
+	if err := m.boxes.HandOff(ctx, nb, m.handOff(l.rec)); err != nil {
+		return nil, err
+	}
+	old, prev := l.box, *l.rec
+	l.update(func() {
+		l.box, l.rec.RuntimeID = nb, nb.RID
+		change()
+	})
+	if err := m.put(ctx, l.rec); err != nil {
+		l.update(func() { l.box, *l.rec = old, prev })
+		return nil, err
+	}
+	m.watchBox(l, nb)
+	return old, nil
+}
+
+// Fork makes n independent copies of the running sandbox at one instant
+// (one checkpoint, n parallel restores); the parent keeps running. A
+// failed child does not fail the others.
+func (m *Manager) Fork(ctx context.Context, id string, n int, timeout time.Duration) ([]sandbox.ForkResult, error) {
+	if n < 1 || n > m.cfg.MaxFork {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "count must be between 1 and %d", m.cfg.MaxFork)
+	}
+	if timeout == 0 {
+		timeout = m.cfg.DefaultTimeout
+	}
+	if err := m.checkTimeout(timeout, false); err != nil {
+		return nil, err
+	}
+	l, err := m.begin(id, "forking it", running)
+	if err != nil {
+		return nil, err
+	}
+	img := filepath.Join(m.cfg.DataDir, "forks", sandbox.RandomHex(8))
+	err = m.checkpoint(ctx, l, img)
+	parent, limits := cloneRecord(l.rec), l.box.Limits()
+	l.op.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(img)
+	t0 := time.Now()
+	results := make([]sandbox.ForkResult, n)
+	var wg sync.WaitGroup
+	for i := range results {
+		wg.Go(func() {
+			results[i].Sandbox, results[i].Err = m.forkChild(ctx, parent, img, limits, timeout)
+		})
+	}
+	wg.Wait()
+	timing.Since(ctx, "children", t0)
+	return results, nil
+}
+
+func (m *Manager) forkChild(ctx context.Context, parent *sandbox.Sandbox, img string, limits sandbox.Limits, timeout time.Duration) (*sandbox.Sandbox, error) {
+	release, err := m.adm.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b, err := m.pool.Restore(ctx, img, parent.Rootfs, limits)
+	release()
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	rec := cloneRecord(parent)
+	rec.ID, rec.AccessToken, rec.RuntimeID, rec.BootMode = sandbox.NewID(), sandbox.RandomHex(16), b.RID, "fork"
+	rec.ParentID, rec.StartedAt, rec.EndAt, rec.PausedImage = parent.ID, now, now.Add(timeout), ""
+	rec.State = sandbox.StateRunning
+	if err := m.adopt(ctx, rec, b); err != nil {
+		return nil, err
+	}
+	return cloneRecord(rec), nil
+}
+
+// Merge makes a fork child's state the parent's, under the parent's id and
+// address; the child's id goes away and the parent's old state is dropped.
+// Other children are untouched.
+func (m *Manager) Merge(ctx context.Context, parentID, childID string) (*sandbox.Sandbox, error) {
+	if parentID == childID {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "cannot merge a sandbox into itself")
+	}
+	// Both sandboxes' ops, in id order (lock order: see Manager).
+	first, second := parentID, childID
+	if second < first {
+		first, second = second, first
+	}
+	a, err := m.begin(first, "merging it", running)
+	if err != nil {
+		return nil, m.mergeRefusal(err, parentID, childID)
+	}
+	defer a.op.Unlock()
+	b, err := m.begin(second, "merging it", running)
+	if err != nil {
+		return nil, m.mergeRefusal(err, parentID, childID)
+	}
+	defer b.op.Unlock()
+	p, c := a, b
+	if p.rec.ID != parentID {
+		p, c = b, a
+	}
+	if c.rec.ParentID != parentID {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is not a fork child of %q", childID, parentID)
+	}
+	cb := c.box
+	old, err := m.swapBox(ctx, p, cb, func() { p.rec.BaseSnapshot = c.rec.BaseSnapshot })
+	if err != nil {
+		// The child keeps its box; give it its own identity back.
+		_ = m.boxes.HandOff(context.WithoutCancel(ctx), cb, m.handOff(c.rec))
+		return nil, err
+	}
+	c.update(func() { c.box = nil }) // the parent's now
+	m.forget(c)
+	if err := m.st.Delete(ctx, childID); err != nil {
+		m.log.Warn("deleting merged child record", "sandbox.id", childID, "err", err)
+	}
+	m.boxes.DestroyLater(old, 0)
+	m.log.Info("sandbox merged", "sandbox.id", parentID, "child", childID)
+	return p.record(), nil
+}
+
+// mergeRefusal words a refusal of one of merge's sandboxes.
+func (m *Manager) mergeRefusal(err error, parentID, childID string) error {
+	if !errors.Is(err, errdefs.ErrNotFound) {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "both sandboxes must be running to merge (%s into %s)", childID, parentID)
+	}
+	return err
+}
