@@ -26,6 +26,7 @@ import (
 	"github.com/cellfork/cellfork/internal/envd/filesystem"
 	"github.com/cellfork/cellfork/internal/envd/process"
 	"github.com/cellfork/cellfork/internal/manager"
+	"github.com/cellfork/cellfork/internal/runtime/fake"
 	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/store"
 	"github.com/cellfork/cellfork/internal/template"
@@ -279,6 +280,7 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	fh := fake.New()
 	m := manager.New(manager.Config{
 		DataDir:        dir,
 		DefaultLimits:  sandbox.Limits{CPUCount: 1, MemoryMB: 1024, DiskMB: 512, PidsMax: 512, OpenFiles: 65536},
@@ -286,7 +288,7 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		DefaultTimeout: 5 * time.Minute, MaxTimeout: time.Hour, MaxUploadBytes: 1 << 20,
 		StartConcurrency: 1, StartQueue: 1, StartWait: time.Second,
 		SnapshotCapBytes: 1 << 20, MaxFork: 4, SpillAfter: time.Second,
-	}, nil, st, fakeTemplates(t, dir), log) // no runtime: no request below starts a sandbox
+	}, manager.Deps{Runtime: fh, Networks: fh.Networks(), Agent: fh.Agent(), Store: st, Templates: fakeTemplates(t, dir), Log: log})
 	srv := New(Config{APIKeys: []string{"k"}, MaxUploadBytes: 1 << 20}, m, log)
 
 	type tc struct {

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cellfork/cellfork/internal/netns"
+	"github.com/cellfork/cellfork/internal/runtime/runtimetest"
 	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/timing"
 )
@@ -243,4 +244,14 @@ func TestDestroyStray(t *testing.T) {
 			t.Fatalf("processes left after Destroy: %v", r.processes()[id])
 		}
 	}
+}
+
+// TestConformance holds gVisor to the runtime contract the fake keeps too.
+func TestConformance(t *testing.T) {
+	runtimetest.Run(t, func(t *testing.T) runtimetest.Env {
+		r := newTestRuntime(t)
+		return runtimetest.Env{Runtime: r, Spec: func(t *testing.T, rid string) sandbox.Spec {
+			return spec(t, rid, newNet(t), "/bin/sh", "-c", "exec sleep 1000")
+		}}
+	})
 }
