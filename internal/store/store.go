@@ -1,6 +1,7 @@
 // Package store persists sandbox records in SQLite (pure Go driver, so the
-// daemon needs no cgo). Records are stored as JSON documents keyed by id;
-// every Put is one atomic transaction.
+// daemon needs no cgo). Records are the store's own versioned structs
+// (records.go), stored as JSON documents keyed by id; every Put is one
+// atomic transaction.
 package store
 
 import (
@@ -51,16 +52,19 @@ func Open(path string) (*Store, error) {
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
-// table is one kind of record: documents of type T keyed by id.
-type table[T any] struct {
-	db   *sql.DB
-	name string // trusted constant
-	what string // for messages
-	id   func(*T) string
+// table is one kind of record: documents of type R (the record, JSON) for
+// domain values of type T, keyed by id.
+type table[T, R any] struct {
+	db       *sql.DB
+	name     string // trusted constant
+	what     string // for messages
+	id       func(*T) string
+	toRecord func(*T) *R
+	domain   func(*R) (*T, error)
 }
 
-func (t table[T]) put(ctx context.Context, v *T) error {
-	doc, err := json.Marshal(v)
+func (t table[T, R]) put(ctx context.Context, v *T) error {
+	doc, err := json.Marshal(t.toRecord(v))
 	if err != nil {
 		return err
 	}
@@ -72,7 +76,7 @@ func (t table[T]) put(ctx context.Context, v *T) error {
 	return nil
 }
 
-func (t table[T]) get(ctx context.Context, id string) (*T, error) {
+func (t table[T, R]) get(ctx context.Context, id string) (*T, error) {
 	var doc string
 	err := t.db.QueryRowContext(ctx, `SELECT doc FROM `+t.name+` WHERE id = ?`, id).Scan(&doc)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -84,7 +88,7 @@ func (t table[T]) get(ctx context.Context, id string) (*T, error) {
 	return t.decode(doc)
 }
 
-func (t table[T]) list(ctx context.Context) ([]*T, error) {
+func (t table[T, R]) list(ctx context.Context) ([]*T, error) {
 	rows, err := t.db.QueryContext(ctx, `SELECT doc FROM `+t.name+` ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("listing %ss: %w", t.what, err)
@@ -105,27 +109,29 @@ func (t table[T]) list(ctx context.Context) ([]*T, error) {
 	return out, rows.Err()
 }
 
-func (t table[T]) delete(ctx context.Context, id string) error {
+func (t table[T, R]) delete(ctx context.Context, id string) error {
 	if _, err := t.db.ExecContext(ctx, `DELETE FROM `+t.name+` WHERE id = ?`, id); err != nil {
 		return fmt.Errorf("deleting %s %s: %w", t.what, id, err)
 	}
 	return nil
 }
 
-func (t table[T]) decode(doc string) (*T, error) {
-	var v T
-	if err := json.Unmarshal([]byte(doc), &v); err != nil {
+func (t table[T, R]) decode(doc string) (*T, error) {
+	var r R
+	if err := json.Unmarshal([]byte(doc), &r); err != nil {
 		return nil, fmt.Errorf("decoding %s record: %w", t.what, err)
 	}
-	return &v, nil
+	return t.domain(&r)
 }
 
-func (s *Store) sandboxes() table[sandbox.Sandbox] {
-	return table[sandbox.Sandbox]{s.db, "sandboxes", "sandbox", func(v *sandbox.Sandbox) string { return v.ID }}
+func (s *Store) sandboxes() table[sandbox.Sandbox, sandboxRecord] {
+	return table[sandbox.Sandbox, sandboxRecord]{s.db, "sandboxes", "sandbox",
+		func(v *sandbox.Sandbox) string { return v.ID }, sandboxToRecord, (*sandboxRecord).domain}
 }
 
-func (s *Store) snapshots() table[sandbox.Snapshot] {
-	return table[sandbox.Snapshot]{s.db, "snapshots", "snapshot", func(v *sandbox.Snapshot) string { return v.ID }}
+func (s *Store) snapshots() table[sandbox.Snapshot, snapshotRecord] {
+	return table[sandbox.Snapshot, snapshotRecord]{s.db, "snapshots", "snapshot",
+		func(v *sandbox.Snapshot) string { return v.ID }, snapshotToRecord, (*snapshotRecord).domain}
 }
 
 // Put inserts or replaces a sandbox record.

@@ -1,0 +1,132 @@
+package store
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/sandbox"
+)
+
+// Records are the store's own structs: what is on disk does not change
+// when a domain type does. Each carries its version. Version 0 is what
+// daemons before records wrote (the domain structs, untagged), which has
+// the same keys: it decodes as version 1. A change that cannot keep the
+// keys adds version 2 and its migration here, and a golden record of every
+// older version in testdata/ (records_test.go reads them).
+const recordVersion = 1
+
+type sandboxRecord struct {
+	V            int               `json:"v"`
+	ID           string            `json:"ID"`
+	TemplateID   string            `json:"TemplateID"`
+	RuntimeID    string            `json:"RuntimeID"`
+	State        string            `json:"State"`
+	StartedAt    time.Time         `json:"StartedAt"`
+	EndAt        time.Time         `json:"EndAt"`
+	Metadata     map[string]string `json:"Metadata"`
+	Envs         map[string]string `json:"Envs"`
+	CPUCount     int               `json:"CPUCount"`
+	MemoryMB     int               `json:"MemoryMB"`
+	DiskSizeMB   int               `json:"DiskSizeMB"`
+	PidsMax      int               `json:"PidsMax"`
+	OpenFiles    int               `json:"OpenFiles"`
+	AccessToken  string            `json:"AccessToken"`
+	OnTimeout    string            `json:"OnTimeout"`
+	AutoResume   bool              `json:"AutoResume"`
+	Rootfs       string            `json:"Rootfs"`
+	ParentID     string            `json:"ParentID"`
+	BaseSnapshot string            `json:"BaseSnapshot"`
+	PausedImage  string            `json:"PausedImage"`
+	BootMode     string            `json:"BootMode"`
+	Network      networkRecord     `json:"Network"`
+}
+
+type networkRecord struct {
+	AllowInternet      bool     `json:"AllowInternet"`
+	AllowOut           []string `json:"AllowOut"`
+	DenyOut            []string `json:"DenyOut"`
+	DNSServers         []string `json:"DNSServers"`
+	AllowPublicTraffic bool     `json:"AllowPublicTraffic"`
+}
+
+type snapshotRecord struct {
+	V          int               `json:"v"`
+	ID         string            `json:"ID"`
+	Names      []string          `json:"Names"`
+	ParentID   string            `json:"ParentID"`
+	SandboxID  string            `json:"SandboxID"`
+	TemplateID string            `json:"TemplateID"`
+	Rootfs     string            `json:"Rootfs"`
+	Image      string            `json:"Image"`
+	SizeBytes  int64             `json:"SizeBytes"`
+	CreatedAt  time.Time         `json:"CreatedAt"`
+	Envs       map[string]string `json:"Envs"`
+	CPUCount   int               `json:"CPUCount"`
+	MemoryMB   int               `json:"MemoryMB"`
+	DiskMB     int               `json:"DiskMB"`
+	PidsMax    int               `json:"PidsMax"`
+	OpenFiles  int               `json:"OpenFiles"`
+	Network    networkRecord     `json:"Network"`
+}
+
+func checkVersion(what string, v int) error {
+	if v > recordVersion {
+		return fmt.Errorf("%s record of version %d was written by a newer cellfork (this one reads up to %d)", what, v, recordVersion)
+	}
+	return nil
+}
+
+func netRecord(n sandbox.Network) networkRecord {
+	return networkRecord{n.AllowInternet, n.AllowOut, n.DenyOut, n.DNSServers, n.AllowPublicTraffic}
+}
+
+func (r networkRecord) domain() sandbox.Network {
+	return sandbox.Network{AllowInternet: r.AllowInternet, AllowOut: r.AllowOut, DenyOut: r.DenyOut,
+		DNSServers: r.DNSServers, AllowPublicTraffic: r.AllowPublicTraffic}
+}
+
+func sandboxToRecord(s *sandbox.Sandbox) *sandboxRecord {
+	return &sandboxRecord{
+		V: recordVersion, ID: s.ID, TemplateID: s.TemplateID, RuntimeID: s.RuntimeID, State: string(s.State),
+		StartedAt: s.StartedAt, EndAt: s.EndAt, Metadata: s.Metadata, Envs: s.Envs,
+		CPUCount: s.CPUCount, MemoryMB: s.MemoryMB, DiskSizeMB: s.DiskSizeMB, PidsMax: s.PidsMax, OpenFiles: s.OpenFiles,
+		AccessToken: s.AccessToken, OnTimeout: s.OnTimeout, AutoResume: s.AutoResume, Rootfs: s.Rootfs,
+		ParentID: s.ParentID, BaseSnapshot: s.BaseSnapshot, PausedImage: s.PausedImage, BootMode: s.BootMode,
+		Network: netRecord(s.Network),
+	}
+}
+
+func (r *sandboxRecord) domain() (*sandbox.Sandbox, error) {
+	if err := checkVersion("sandbox", r.V); err != nil {
+		return nil, err
+	}
+	return &sandbox.Sandbox{
+		ID: r.ID, TemplateID: r.TemplateID, RuntimeID: r.RuntimeID, State: sandbox.State(r.State),
+		StartedAt: r.StartedAt, EndAt: r.EndAt, Metadata: r.Metadata, Envs: r.Envs,
+		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB, PidsMax: r.PidsMax, OpenFiles: r.OpenFiles,
+		AccessToken: r.AccessToken, OnTimeout: r.OnTimeout, AutoResume: r.AutoResume, Rootfs: r.Rootfs,
+		ParentID: r.ParentID, BaseSnapshot: r.BaseSnapshot, PausedImage: r.PausedImage, BootMode: r.BootMode,
+		Network: r.Network.domain(),
+	}, nil
+}
+
+func snapshotToRecord(s *sandbox.Snapshot) *snapshotRecord {
+	return &snapshotRecord{
+		V: recordVersion, ID: s.ID, Names: s.Names, ParentID: s.ParentID, SandboxID: s.SandboxID, TemplateID: s.TemplateID,
+		Rootfs: s.Rootfs, Image: s.Image, SizeBytes: s.SizeBytes, CreatedAt: s.CreatedAt, Envs: s.Envs,
+		CPUCount: s.CPUCount, MemoryMB: s.MemoryMB, DiskMB: s.DiskMB, PidsMax: s.PidsMax, OpenFiles: s.OpenFiles,
+		Network: netRecord(s.Network),
+	}
+}
+
+func (r *snapshotRecord) domain() (*sandbox.Snapshot, error) {
+	if err := checkVersion("snapshot", r.V); err != nil {
+		return nil, err
+	}
+	return &sandbox.Snapshot{
+		ID: r.ID, Names: r.Names, ParentID: r.ParentID, SandboxID: r.SandboxID, TemplateID: r.TemplateID,
+		Rootfs: r.Rootfs, Image: r.Image, SizeBytes: r.SizeBytes, CreatedAt: r.CreatedAt, Envs: r.Envs,
+		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, PidsMax: r.PidsMax, OpenFiles: r.OpenFiles,
+		Network: r.Network.domain(),
+	}, nil
+}

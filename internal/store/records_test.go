@@ -1,0 +1,77 @@
+package store
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/sandbox"
+)
+
+// The records every earlier release wrote (testdata/*-v0.json: daemons
+// before versioned records) still read, whole; and what this release
+// writes reads back the same.
+func TestRecordsOfEarlierReleasesRead(t *testing.T) {
+	st, err := Open(filepath.Join(t.TempDir(), "s.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	load := func(table, file string) {
+		doc, err := os.ReadFile(filepath.Join("testdata", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.db.Exec(`INSERT INTO `+table+` (id, doc) VALUES ('old', ?)`, strings.TrimSpace(string(doc))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	load("sandboxes", "sandbox-v0.json")
+	load("snapshots", "snapshot-v0.json")
+	t0 := time.Date(2026, 11, 20, 10, 0, 0, 123456789, time.UTC)
+	wantSB := &sandbox.Sandbox{ID: "i5q0w8r3m2a7k1x9c4b6", TemplateID: "code-interpreter-v1", RuntimeID: "0a1b2c3d4e5f60718293a4b5",
+		State: sandbox.StatePaused, StartedAt: t0, EndAt: t0.Add(time.Hour), Metadata: map[string]string{"user": "ada"},
+		Envs: map[string]string{"FOO": "bar"}, CPUCount: 2, MemoryMB: 2048, DiskSizeMB: 1024, PidsMax: 256, OpenFiles: 4096,
+		AccessToken: "00112233445566778899aabbccddeeff", OnTimeout: "pause", AutoResume: true,
+		Rootfs: "/var/lib/cellfork/templates/base/7a89e37580afabbe/rootfs", ParentID: "p2n7c4x9w1q5m8k3z6b0",
+		BaseSnapshot: "snapaaaaaaaaaaaaaaaa", PausedImage: "/var/lib/cellfork/paused/i5q0w8r3m2a7k1x9c4b6", BootMode: "fork",
+		Network: sandbox.Network{AllowOut: []string{"pypi.org", "10.0.0.0/8"}, DenyOut: []string{"0.0.0.0/0"},
+			DNSServers: []string{"1.1.1.1"}}}
+	wantSN := &sandbox.Snapshot{ID: "snapbbbbbbbbbbbbbbbb", Names: []string{"team/child"}, ParentID: "snapaaaaaaaaaaaaaaaa",
+		SandboxID: "i5q0w8r3m2a7k1x9c4b6", TemplateID: "base", Rootfs: "/var/lib/cellfork/templates/base/7a89e37580afabbe/rootfs",
+		Image: "/var/lib/cellfork/snapshots/snapbbbbbbbbbbbbbbbb", SizeBytes: 67108864, CreatedAt: t0,
+		Envs: map[string]string{"FOO": "bar"}, CPUCount: 1, MemoryMB: 1024, DiskMB: 512, PidsMax: 512, OpenFiles: 65536,
+		Network: sandbox.Network{AllowInternet: true, AllowPublicTraffic: true}}
+	sb, err := st.Get(ctx, "old")
+	if err != nil || !reflect.DeepEqual(sb, wantSB) {
+		t.Fatalf("v0 sandbox record read as\n%+v, %v\nwant\n%+v", sb, err, wantSB)
+	}
+	sn, err := st.GetSnapshot(ctx, "old")
+	if err != nil || !reflect.DeepEqual(sn, wantSN) {
+		t.Fatalf("v0 snapshot record read as\n%+v, %v\nwant\n%+v", sn, err, wantSN)
+	}
+	// Round trip through this release's records.
+	if err := st.Put(ctx, wantSB); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.Get(ctx, wantSB.ID); err != nil || !reflect.DeepEqual(got, wantSB) {
+		t.Errorf("round trip: %+v, %v", got, err)
+	}
+	var doc string
+	_ = st.db.QueryRow(`SELECT doc FROM sandboxes WHERE id = ?`, wantSB.ID).Scan(&doc)
+	if !strings.HasPrefix(doc, `{"v":1,`) {
+		t.Errorf("records carry no version: %s", doc)
+	}
+	// A record from a newer release is refused, not misread.
+	if _, err := st.db.Exec(`INSERT INTO sandboxes (id, doc) VALUES ('new', '{"v":99,"ID":"new"}')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Get(ctx, "new"); err == nil || !strings.Contains(err.Error(), "newer cellfork") {
+		t.Errorf("a version 99 record: %v", err)
+	}
+}
