@@ -1,6 +1,8 @@
 # lib.sh: shared by test.sh and bench.sh. Source it, then call
 # start_test_daemon [extra serve flags...]. It exports CELLFORK_URL/KEY and
 # the E2B_* variables, and stops the daemon and removes its data on exit.
+# CELLFORK_BIN names the daemon binary (default bin/cellfork; its agent is
+# the one beside it).
 DATA_DIR=${DATA_DIR:-/var/lib/cellfork}
 
 start_test_daemon() {
@@ -8,7 +10,7 @@ start_test_daemon() {
   local port key
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   key="test-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-  CELLFORK_API_KEY="$key" bin/cellfork serve --addr "127.0.0.1:$port" --data-dir "$TEST_TMP/data" \
+  CELLFORK_API_KEY="$key" "${CELLFORK_BIN:-bin/cellfork}" serve --addr "127.0.0.1:$port" --data-dir "$TEST_TMP/data" \
     --template-dir "$DATA_DIR/templates" "$@" > "$TEST_TMP/daemon.log" 2>&1 &
   TEST_DAEMON=$!
   trap stop_test_daemon EXIT

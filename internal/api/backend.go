@@ -23,7 +23,9 @@ type Backend interface {
 	// one's life.
 	Connect(ctx context.Context, id string, req sandbox.ConnectRequest) (sb *sandbox.Sandbox, resumed bool, err error)
 	Pause(ctx context.Context, id string, req sandbox.PauseRequest) error
-	Metrics(ctx context.Context, id string) (sandbox.Metric, error)
+	// Metrics returns the samples between from and to (zero: the
+	// sandbox's start, and now), oldest first.
+	Metrics(ctx context.Context, id string, from, to time.Time) ([]sandbox.Metric, error)
 	Network(ctx context.Context, id string) (sandbox.NetworkStatus, error)
 	UpdateNetwork(ctx context.Context, id string, n sandbox.Network) error
 

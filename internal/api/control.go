@@ -374,25 +374,36 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, mustBePau
 
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	for _, k := range []string{"start", "end"} {
+	var bounds [2]time.Time
+	for i, k := range []string{"start", "end"} {
 		if q.Has(k) {
-			if _, err := strconv.ParseInt(q.Get(k), 10, 64); err != nil {
+			n, err := strconv.ParseInt(q.Get(k), 10, 64)
+			if err != nil || n < 0 {
 				s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "%s must be Unix seconds", k))
 				return
 			}
+			bounds[i] = time.Unix(n, 0)
 		}
 	}
-	m, err := s.m.Metrics(r.Context(), r.PathValue("id"))
+	if !bounds[0].IsZero() && !bounds[1].IsZero() && bounds[1].Before(bounds[0]) {
+		s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "end must not be before start"))
+		return
+	}
+	ms, err := s.m.Metrics(r.Context(), r.PathValue("id"), bounds[0], bounds[1])
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, []map[string]any{{
-		"timestamp": m.At.Format(time.RFC3339Nano), "timestampUnix": m.At.Unix(),
-		"cpuCount": m.CPUCount, "cpuUsedPct": m.CPUUsedPct,
-		"memUsed": m.MemUsed, "memTotal": m.MemTotal, "memCache": m.MemCache,
-		"diskUsed": m.DiskUsed, "diskTotal": m.DiskTotal,
-	}})
+	out := make([]map[string]any, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, map[string]any{
+			"timestamp": m.At.Format(time.RFC3339Nano), "timestampUnix": m.At.Unix(),
+			"cpuCount": m.CPUCount, "cpuUsedPct": m.CPUUsedPct,
+			"memUsed": m.MemUsed, "memTotal": m.MemTotal, "memCache": m.MemCache,
+			"diskUsed": m.DiskUsed, "diskTotal": m.DiskTotal,
+		})
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // list serves GET /v2/sandboxes (paged by X-Next-Token) and v1 GET /sandboxes.
@@ -453,7 +464,8 @@ func pageToken(last *sandbox.Sandbox) string {
 }
 
 func parseListFilter(q url.Values) (*listFilter, error) {
-	f := &listFilter{states: []string{"running", "paused"}, limit: 100, template: q.Get("template")}
+	// Newest first unless asked otherwise, as E2B's OrderDirection.
+	f := &listFilter{states: []string{"running", "paused"}, limit: 100, template: q.Get("template"), desc: true}
 	if v := q.Get("metadata"); v != "" {
 		mq, err := url.ParseQuery(v)
 		if err != nil {
@@ -507,6 +519,7 @@ func parseListFilter(q url.Values) (*listFilter, error) {
 	if q.Has("order") {
 		switch q.Get("order") {
 		case "asc":
+			f.desc = false
 		case "desc":
 			f.desc = true
 		default:

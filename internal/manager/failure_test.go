@@ -297,3 +297,23 @@ func TestTimeoutZeroExpiresNow(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Metrics are history: a range from before the sandbox existed has none,
+// the default range has at least the sample taken now.
+func TestMetricsRange(t *testing.T) {
+	e := newEnv(t, nil)
+	sb := e.create(sandbox.CreateRequest{})
+	ctx := context.Background()
+	ms, err := e.m.Metrics(ctx, sb.ID, time.Time{}, time.Time{})
+	if err != nil || len(ms) == 0 || ms[0].MemUsed == 0 {
+		t.Fatalf("default range: %+v, %v", ms, err)
+	}
+	before := sb.StartedAt.Add(-time.Hour)
+	if ms, err := e.m.Metrics(ctx, sb.ID, before, before.Add(30*time.Minute)); err != nil || len(ms) != 0 {
+		t.Errorf("a range before the sandbox: %+v, %v", ms, err)
+	}
+	ms2, _ := e.m.Metrics(ctx, sb.ID, time.Time{}, time.Time{})
+	if len(ms2) != len(ms) {
+		t.Errorf("a second call right away took another sample: %d then %d", len(ms), len(ms2))
+	}
+}

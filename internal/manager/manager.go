@@ -107,6 +107,9 @@ type Manager struct {
 	live  map[string]*Live // guarded by mu
 	tombs map[string]tomb  // guarded by mu: sandboxes that died on their own
 	snap  sync.Mutex       // serializes snapshot bookkeeping (names, tree)
+
+	closing chan struct{} // closed by Close
+	loops   sync.WaitGroup
 }
 
 // New returns a Manager. Call Reconcile, then Start, before serving.
@@ -122,12 +125,13 @@ func New(cfg Config, d Deps) *Manager {
 		StartConcurrency: cfg.StartConcurrency, StartQueue: cfg.StartQueue, StartWait: cfg.StartWait,
 	}, d.Log)
 	return &Manager{cfg: cfg, boxes: boxes, pool: p, adm: p.Admission(), st: d.Store, tpl: d.Templates, log: d.Log,
-		live: map[string]*Live{}, tombs: map[string]tomb{}}
+		live: map[string]*Live{}, tombs: map[string]tomb{}, closing: make(chan struct{})}
 }
 
 // Start warms the built-in template and starts the pool's refills.
 func (m *Manager) Start(ctx context.Context) error {
 	m.pool.Start()
+	m.loops.Go(m.sampleLoop)
 	if err := m.Warm(ctx, "base"); err != nil {
 		// Creates still work: they boot instead of restoring.
 		m.log.Error("no warm image; creates will boot", "template", "base", "err", err)
@@ -138,6 +142,8 @@ func (m *Manager) Start(ctx context.Context) error {
 // Close stops the timers and the pool (destroying pooled boxes). Sandboxes
 // keep running; the next daemon adopts them.
 func (m *Manager) Close() {
+	close(m.closing)
+	m.loops.Wait()
 	m.pool.Close()
 	m.boxes.Close()
 	for _, l := range m.lives() {

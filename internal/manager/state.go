@@ -60,7 +60,8 @@ type Live struct {
 	rec     *sandbox.Sandbox
 	box     *box.Box // nil while spilled
 	timer   *time.Timer
-	lastCPU time.Duration // Metrics' previous sample
+	history []sandbox.Metric // metrics.go: samples, oldest first
+	lastCPU time.Duration    // CPU used at the last sample
 	lastAt  time.Time
 }
 

@@ -178,7 +178,7 @@ func (w *stressWorld) do(op string) {
 			_, err := m.ListSnapshots(ctx)
 			_, _ = m.Get(ctx, parent)
 			_, _ = m.Endpoint(ctx, parent, nil)
-			_, _ = m.Metrics(ctx, parent)
+			_, _ = m.Metrics(ctx, parent, time.Time{}, time.Time{})
 			return err
 		})
 	default:
