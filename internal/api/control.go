@@ -120,6 +120,7 @@ type newSandboxBody struct {
 	Secure              *bool             `json:"secure"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	AutoPause           *bool             `json:"autoPause"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
 	AutoResume          *autoResumeBody   `json:"autoResume"`
 	Network             *networkBody      `json:"network"`
 	// Ours: limits; absent = the template's (or snapshot's).
@@ -211,7 +212,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := sandbox.CreateRequest{TemplateID: *b.TemplateID, Metadata: b.Metadata, Envs: b.EnvVars,
-		Limits: limits, OnTimeout: b.onTimeout(), AutoResume: b.AutoResume != nil && b.AutoResume.Enabled}
+		Limits: limits, OnTimeout: b.onTimeout(), AutoResume: b.AutoResume != nil && b.AutoResume.Enabled,
+		AutoPauseFiles: b.AutoPauseMemory != nil && !*b.AutoPauseMemory}
 	if b.Network != nil || b.AllowInternetAccess != nil {
 		n, err := b.Network.policy(b.AllowInternetAccess)
 		if err != nil {
@@ -244,6 +246,9 @@ type detailBody struct {
 	AllowInternetAccess bool           `json:"allowInternetAccess"`
 	Network             networkOut     `json:"network"`
 	Lifecycle           map[string]any `json:"lifecycle"`
+	// PauseMode is what a paused sandbox's pause saved: full or
+	// filesystem (absent while it runs).
+	PauseMode string `json:"pauseMode,omitempty"`
 	// Ours: where the sandbox's state comes from.
 	ParentSandboxID string `json:"parentSandboxID,omitempty"`
 	SnapshotID      string `json:"snapshotID,omitempty"`
@@ -288,7 +293,20 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		AllowInternetAccess: sb.Network.AllowInternet, Network: networkJSON(sb.Network),
 		Lifecycle:       map[string]any{"autoResume": sb.AutoResume, "onTimeout": sb.OnTimeout},
 		ParentSandboxID: sb.ParentID, SnapshotID: sb.BaseSnapshot, BootMode: sb.BootMode,
+		PauseMode: pauseMode(sb),
 	})
+}
+
+// pauseMode is E2B's SandboxPauseMode of a paused sandbox ("" while it
+// runs). Records of older daemons say nothing: their pauses were full.
+func pauseMode(sb *sandbox.Sandbox) string {
+	switch {
+	case sb.State != sandbox.StatePaused:
+		return ""
+	case sb.PauseMode == sandbox.PauseFiles:
+		return sandbox.PauseFiles
+	}
+	return sandbox.PauseFull
 }
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
@@ -349,7 +367,8 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) { s.resumeSandbo
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, mustBePaused bool) {
 	var b struct {
-		Timeout *int `json:"timeout"`
+		Timeout *int  `json:"timeout"`
+		Memory  *bool `json:"memory"` // false: reboot from the files (E2B's on_resume="reboot")
 	}
 	if err := decode(w, r, &b); err != nil {
 		s.fail(w, r, err)
@@ -358,9 +377,14 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, mustBePau
 	id := r.PathValue("id")
 	var timeout time.Duration
 	if b.Timeout != nil {
+		if *b.Timeout < 0 {
+			s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "timeout must not be negative"))
+			return
+		}
 		timeout = time.Duration(*b.Timeout) * time.Second
 	}
-	sb, resumed, err := s.m.Connect(r.Context(), id, sandbox.ConnectRequest{Timeout: timeout, MustBePaused: mustBePaused})
+	req := sandbox.ConnectRequest{Timeout: timeout, MustBePaused: mustBePaused, Reboot: b.Memory != nil && !*b.Memory}
+	sb, resumed, err := s.m.Connect(r.Context(), id, req)
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -12,18 +12,22 @@ import (
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
-// pause freezes a sandbox; 409 if it is paused already (E2B). With our
-// {"spill": true} its state also goes to disk now, freeing its memory,
-// instead of after --spill-after.
+// pause freezes a sandbox; 409 if it is paused already (E2B). With
+// {"memory": false} it saves only its files (E2B's filesystem-only pause:
+// resuming reboots it). With our {"spill": true} its state also goes to
+// disk now, freeing its memory, instead of after --spill-after.
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	var b struct {
-		Spill bool `json:"spill"`
+		Spill               bool  `json:"spill"`
+		Memory              *bool `json:"memory"`
+		RequireHealthyGuest bool  `json:"requireHealthyGuest"`
 	}
 	if err := decode(w, r, &b); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if err := s.m.Pause(r.Context(), r.PathValue("id"), sandbox.PauseRequest{Spill: b.Spill}); err != nil {
+	req := sandbox.PauseRequest{Spill: b.Spill, FilesOnly: b.Memory != nil && !*b.Memory, RequireHealthyAgent: b.RequireHealthyGuest}
+	if err := s.m.Pause(r.Context(), r.PathValue("id"), req); err != nil {
 		s.fail(w, r, err)
 		return
 	}

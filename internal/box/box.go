@@ -182,15 +182,19 @@ func (f *Factory) create(ctx context.Context, rootfs string, limits sandbox.Limi
 }
 
 // Boot starts a fresh box running the agent (no checkpoint involved) and
-// returns once the agent accepts connections.
-func (f *Factory) Boot(ctx context.Context, rootfs string, limits sandbox.Limits, extraEnv ...string) (*Box, error) {
+// returns once the agent accepts connections. With upper (a tar
+// ExportFiles wrote; "" none) its root filesystem starts with those
+// changes over rootfs.
+func (f *Factory) Boot(ctx context.Context, rootfs string, limits sandbox.Limits, upper string, extraEnv ...string) (*Box, error) {
 	b, err := f.create(ctx, rootfs, limits)
 	if err != nil {
 		return nil, err
 	}
 	cu := cleanup.Make(func() { f.Destroy(context.WithoutCancel(ctx), b) })
 	defer cu.Clean()
-	if err := f.rt.Start(ctx, f.spec(b, extraEnv...)); err != nil {
+	spec := f.spec(b, extraEnv...)
+	spec.RootfsUpper = upper
+	if err := f.rt.Start(ctx, spec); err != nil {
 		return nil, err
 	}
 	if err := f.agent.WaitUp(ctx, b); err != nil {
@@ -280,6 +284,15 @@ func (f *Factory) CheckpointRID(ctx context.Context, rid, path string, leaveRunn
 		return err
 	}
 	return nil
+}
+
+// ExportFiles writes what b changed in its root filesystem (files written,
+// changed and deleted) as a tar to path, which Boot can start a box from.
+func (f *Factory) ExportFiles(ctx context.Context, b *Box, path string) error {
+	if err := failpoint.Inject(failpoint.Checkpoint); err != nil {
+		return err
+	}
+	return f.rt.ExportRootfs(ctx, b.RID, path)
 }
 
 // Pause freezes b in memory.

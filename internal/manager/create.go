@@ -63,6 +63,12 @@ func (m *Manager) normalize(req *sandbox.CreateRequest) error {
 	if req.AutoResume && req.OnTimeout != "pause" {
 		return errdefs.New(errdefs.ErrInvalidArgument, "autoResume needs autoPause: only a sandbox that pauses on timeout can resume on traffic")
 	}
+	if req.AutoResume && req.AutoPauseFiles {
+		return errdefs.New(errdefs.ErrInvalidArgument, "autoResume cannot be combined with autoPauseMemory false: traffic never reboots a sandbox")
+	}
+	if req.OnTimeout != "pause" {
+		req.AutoPauseFiles = false // only a timeout pause takes it
+	}
 	if req.Network != nil {
 		if _, err := sandbox.ParsePolicy(*req.Network); err != nil {
 			return err
@@ -135,7 +141,8 @@ func (m *Manager) Create(ctx context.Context, req sandbox.CreateRequest) (*sandb
 		ID: sandbox.NewID(), TemplateID: req.TemplateID,
 		State: sandbox.StateRunning, StartedAt: now, EndAt: now.Add(req.Timeout),
 		Metadata: orEmpty(req.Metadata), Envs: orEmpty(req.Envs),
-		AccessToken: sandbox.RandomHex(16), OnTimeout: req.OnTimeout, AutoResume: req.AutoResume, Rootfs: src.rootfs,
+		AccessToken: sandbox.RandomHex(16), OnTimeout: req.OnTimeout, AutoResume: req.AutoResume,
+		AutoPauseFiles: req.AutoPauseFiles, Rootfs: src.rootfs,
 	}
 	rec.SetLimits(limits)
 	rec.Network = sandbox.DefaultNetwork
@@ -188,7 +195,7 @@ func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limit
 		b, err := m.pool.Restore(ctx, src.image, src.rootfs, limits)
 		return b, "restore", err
 	}
-	b, err := m.boxes.Boot(ctx, src.rootfs, limits)
+	b, err := m.boxes.Boot(ctx, src.rootfs, limits, "")
 	return b, "boot", err
 }
 

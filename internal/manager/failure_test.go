@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -315,5 +316,79 @@ func TestMetricsRange(t *testing.T) {
 	ms2, _ := e.m.Metrics(ctx, sb.ID, time.Time{}, time.Time{})
 	if len(ms2) != len(ms) {
 		t.Errorf("a second call right away took another sample: %d then %d", len(ms), len(ms2))
+	}
+}
+
+// A filesystem-only pause keeps the files and drops the memory: connect
+// boots the sandbox afresh from them; traffic never does. A memory pause
+// can be resumed the same way (E2B's memory false on connect).
+func TestPauseFilesOnly(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	sb := e.create(sandbox.CreateRequest{AutoResume: true, OnTimeout: "pause"})
+	e.write(sb.ID, "files-and-memory")
+	if err := e.m.Pause(ctx, sb.ID, sandbox.PauseRequest{FilesOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	got := e.mustGet(sb.ID)
+	if got.State != sandbox.StatePaused || got.PauseMode != sandbox.PauseFiles {
+		t.Fatalf("after a filesystem-only pause: %+v", got)
+	}
+	e.settle()
+	if e.h.Memory(sb.RuntimeID) != "" {
+		t.Error("its box survived the pause")
+	}
+	if _, err := e.m.Endpoint(ctx, sb.ID, func(*sandbox.Sandbox) bool { return true }); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("traffic woke a sandbox paused without memory: %v", err)
+	}
+	e.restart() // it survives a restart too
+	if _, resumed, err := e.m.Connect(ctx, sb.ID, sandbox.ConnectRequest{}); err != nil || !resumed {
+		t.Fatalf("connect: %v %v", resumed, err)
+	}
+	if got := e.memory(sb.ID); got != "boot+files-and-memory" {
+		t.Errorf("resumed with %q: not booted afresh from its files", got)
+	}
+	if got := e.mustGet(sb.ID); got.PauseMode != "" || got.PausedImage != "" {
+		t.Errorf("running with %+v", got)
+	}
+
+	// A memory pause resumed by a reboot, from memory and from disk.
+	for _, spill := range []bool{false, true} {
+		e.write(sb.ID, "again")
+		if err := e.m.Pause(ctx, sb.ID, sandbox.PauseRequest{Spill: spill}); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := e.m.Connect(ctx, sb.ID, sandbox.ConnectRequest{Reboot: true}); err != nil {
+			t.Fatal(err)
+		}
+		if got := e.memory(sb.ID); got != "boot+again" {
+			t.Errorf("spill %v: rebooted with %q", spill, got)
+		}
+	}
+	// A reboot that fails leaves it paused, its files kept.
+	if err := e.m.Pause(ctx, sb.ID, sandbox.PauseRequest{FilesOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	e.h.Fail("Start", errInjected)
+	_, _, err := e.m.Connect(ctx, sb.ID, sandbox.ConnectRequest{})
+	e.h.Fail("Start", nil)
+	if !errors.Is(err, errInjected) {
+		t.Fatalf("connect with boots failing: %v", err)
+	}
+	if got := e.mustGet(sb.ID); got.State != sandbox.StatePaused || got.PauseMode != sandbox.PauseFiles || !fileExists(filepath.Join(got.PausedImage, upperTar)) {
+		t.Errorf("after a failed reboot: %+v", got)
+	}
+	// An agent that does not answer: no filesystem-only pause.
+	if _, _, err := e.m.Connect(ctx, sb.ID, sandbox.ConnectRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	e.h.Fail("Health", errInjected)
+	err = e.m.Pause(ctx, sb.ID, sandbox.PauseRequest{FilesOnly: true})
+	e.h.Fail("Health", nil)
+	if !errors.Is(err, errdefs.ErrUnavailable) || e.mustGet(sb.ID).State != sandbox.StateRunning {
+		t.Errorf("filesystem-only pause with the agent silent: %v", err)
+	}
+	if _, err := e.m.Create(ctx, sandbox.CreateRequest{TemplateID: "base", OnTimeout: "pause", AutoResume: true, AutoPauseFiles: true}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("autoResume with autoPauseMemory false: %v", err)
 	}
 }

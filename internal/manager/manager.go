@@ -391,7 +391,7 @@ func (m *Manager) expire(l *Live, id string) {
 	m.log.Info("sandbox timed out", "sandbox.id", id, "action", map[bool]string{true: "pause", false: "kill"}[pause])
 	var err error
 	if pause {
-		err = m.Pause(context.Background(), id, sandbox.PauseRequest{})
+		err = m.Pause(context.Background(), id, sandbox.PauseRequest{FilesOnly: l.record().AutoPauseFiles})
 	} else {
 		err = m.Kill(context.Background(), id)
 	}

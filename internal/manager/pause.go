@@ -16,11 +16,13 @@ func (m *Manager) pausedDir(id string) string { return filepath.Join(m.cfg.DataD
 
 // Pause freezes the sandbox at once (its processes stop, its memory stays)
 // and, after SpillAfter (at once with req.Spill), writes its whole state to
-// disk and frees its memory and CPU. Pausing a paused sandbox is
-// ErrAlreadyExists, unless req.Spill: then a frozen one moves to disk now.
+// disk and frees its memory and CPU. With req.FilesOnly it saves only its
+// files, to disk, and frees everything else at once: resuming boots it
+// afresh. Pausing a paused sandbox is ErrAlreadyExists, unless req.Spill:
+// then a frozen one moves to disk now.
 func (m *Manager) Pause(ctx context.Context, id string, req sandbox.PauseRequest) error {
 	allowed := []phase{running}
-	if req.Spill {
+	if req.Spill && !req.FilesOnly {
 		allowed = append(allowed, frozen, spilled)
 	}
 	l, err := m.begin(id, "pausing it", allowed...)
@@ -29,6 +31,16 @@ func (m *Manager) Pause(ctx context.Context, id string, req sandbox.PauseRequest
 	}
 	defer l.op.Unlock()
 	if l.phase == running {
+		if req.FilesOnly || req.RequireHealthyAgent {
+			// A filesystem-only pause reboots the sandbox on resume: an
+			// agent that does not answer now would come back as it is.
+			if err := m.boxes.Agent().Health(ctx, l.box); err != nil {
+				return errdefs.New(errdefs.ErrUnavailable, "sandbox %q: its agent does not answer, so it was not paused; retry later", id)
+			}
+		}
+		if req.FilesOnly {
+			return m.pauseFiles(ctx, l)
+		}
 		if err := m.freeze(ctx, l); err != nil {
 			return err
 		}
@@ -49,9 +61,11 @@ func (m *Manager) freeze(ctx context.Context, l *Live) error {
 		return err
 	}
 	l.setPhase(frozen)
+	l.update(func() { l.rec.PauseMode = sandbox.PauseFull })
 	if err := m.put(ctx, l.rec); err != nil {
 		_ = m.boxes.Resume(context.WithoutCancel(ctx), l.box)
 		l.setPhase(running)
+		l.update(func() { l.rec.PauseMode = "" })
 		return err
 	}
 	l.update(func() {
@@ -59,6 +73,52 @@ func (m *Manager) freeze(ctx context.Context, l *Live) error {
 			l.timer.Stop()
 		}
 	})
+	return nil
+}
+
+// upperTar is the file of a paused image that holds a sandbox's files.
+const upperTar = "rootfs-upper.tar"
+
+// pauseFiles saves a running sandbox's files (not its memory) to disk and
+// destroys its box. Caller holds l.op.
+func (m *Manager) pauseFiles(ctx context.Context, l *Live) error {
+	defer m.adm.Busy()()
+	b := l.box
+	if err := m.boxes.Pause(ctx, b); err != nil { // a consistent set of files
+		return err
+	}
+	cu := cleanup.Make(func() { _ = m.boxes.Resume(context.WithoutCancel(ctx), b) })
+	defer cu.Clean()
+	dir := m.pausedDir(l.rec.ID)
+	tmp := dir + ".tmp-" + sandbox.RandomHex(4)
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return err
+	}
+	cu.Add(func() { os.RemoveAll(tmp) })
+	if err := m.boxes.ExportFiles(ctx, b, filepath.Join(tmp, upperTar)); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return err
+	}
+	cu.Add(func() { os.RemoveAll(dir) })
+	l.update(func() {
+		l.box, l.rec.PausedImage, l.rec.PauseMode = nil, dir, sandbox.PauseFiles
+		if l.timer != nil {
+			l.timer.Stop()
+		}
+	})
+	l.setPhase(spilled)
+	cu.Add(func() {
+		l.update(func() { l.box, l.rec.PausedImage, l.rec.PauseMode = b, "", "" })
+		l.setPhase(running)
+	})
+	if err := m.put(ctx, l.rec); err != nil {
+		return err
+	}
+	cu.Release()
+	m.boxes.DestroyLater(b, 0)
+	m.log.Info("sandbox paused, its files only", "sandbox.id", l.rec.ID)
 	return nil
 }
 
@@ -139,7 +199,11 @@ func (m *Manager) Connect(ctx context.Context, id string, req sandbox.ConnectReq
 	if timeout == 0 {
 		timeout = m.cfg.DefaultTimeout
 	}
-	if err := m.resume(ctx, l, timeout); err != nil {
+	resume := m.resume
+	if req.Reboot || l.rec.PauseMode == sandbox.PauseFiles {
+		resume = m.reboot
+	}
+	if err := resume(ctx, l, timeout); err != nil {
 		return nil, false, err
 	}
 	return l.record(), true, nil
@@ -174,13 +238,13 @@ func (m *Manager) resume(ctx context.Context, l *Live, timeout time.Duration) er
 		l.update(func() { l.box, l.rec.RuntimeID = b, b.RID })
 		cu.Add(func() { l.update(func() { l.box = nil }) })
 	}
-	prevEnd := l.rec.EndAt
+	prevEnd, mode := l.rec.EndAt, l.rec.PauseMode
 	l.update(func() {
-		l.rec.PausedImage, l.rec.EndAt = "", time.Now().UTC().Add(timeout)
+		l.rec.PausedImage, l.rec.PauseMode, l.rec.EndAt = "", "", time.Now().UTC().Add(timeout)
 	})
 	l.setPhase(running)
 	cu.Add(func() {
-		l.update(func() { l.rec.PausedImage, l.rec.EndAt = img, prevEnd })
+		l.update(func() { l.rec.PausedImage, l.rec.PauseMode, l.rec.EndAt = img, mode, prevEnd })
 		l.setPhase(was)
 	})
 	if err := m.put(ctx, l.rec); err != nil {
@@ -193,6 +257,84 @@ func (m *Manager) resume(ctx context.Context, l *Live, timeout time.Duration) er
 	}
 	m.armTimer(l)
 	m.log.Info("sandbox resumed", "sandbox.id", l.rec.ID, "from", map[bool]string{true: "disk", false: "memory"}[was == spilled])
+	return nil
+}
+
+// reboot runs a paused sandbox again by booting a new box from its files
+// (the pause's own, or those taken out of its memory pause, which is then
+// dropped), for timeout more. On failure it is paused as it was. Caller
+// holds l.op.
+func (m *Manager) reboot(ctx context.Context, l *Live, timeout time.Duration) error {
+	defer m.adm.Busy()()
+	was, img, mode := l.phase, l.rec.PausedImage, l.rec.PauseMode
+	var cu cleanup.Cleanup
+	defer cu.Clean()
+	limits := m.limits(l.rec)
+	upper, extra := "", ""
+	if mode == sandbox.PauseFiles {
+		upper = filepath.Join(img, upperTar)
+	} else {
+		// The files are in the memory pause: take them out.
+		extra = m.pausedDir(l.rec.ID) + ".files-" + sandbox.RandomHex(4)
+		if err := os.MkdirAll(extra, 0o700); err != nil {
+			return err
+		}
+		cu.Add(func() { os.RemoveAll(extra) })
+		upper = filepath.Join(extra, upperTar)
+		src := l.box
+		if was == spilled {
+			release, err := m.adm.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			src, err = m.pool.Restore(ctx, img, l.rec.Rootfs, limits)
+			release()
+			if err != nil {
+				return err
+			}
+			defer m.boxes.DestroyLater(src, 0)
+		}
+		if err := m.boxes.ExportFiles(ctx, src, upper); err != nil {
+			return err
+		}
+	}
+	release, err := m.adm.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	b, err := m.boxes.Boot(ctx, l.rec.Rootfs, limits, upper)
+	release()
+	if err != nil {
+		return err
+	}
+	cu.Add(func() { m.boxes.Destroy(context.WithoutCancel(ctx), b) })
+	if err := m.boxes.HandOff(ctx, b, m.handOff(l.rec)); err != nil {
+		return err
+	}
+	old, prevEnd := l.box, l.rec.EndAt
+	l.update(func() {
+		l.box, l.rec.RuntimeID = b, b.RID
+		l.rec.PausedImage, l.rec.PauseMode, l.rec.EndAt = "", "", time.Now().UTC().Add(timeout)
+	})
+	l.setPhase(running)
+	cu.Add(func() {
+		l.update(func() { l.box, l.rec.PausedImage, l.rec.PauseMode, l.rec.EndAt = old, img, mode, prevEnd })
+		l.setPhase(was)
+	})
+	if err := m.put(ctx, l.rec); err != nil {
+		return err
+	}
+	cu.Release()
+	m.watchBox(l, b)
+	m.armTimer(l)
+	if old != nil {
+		m.boxes.DestroyLater(old, 0) // the memory pause is dropped
+	}
+	os.RemoveAll(img)
+	if extra != "" {
+		os.RemoveAll(extra)
+	}
+	m.log.Info("sandbox resumed by a reboot from its files", "sandbox.id", l.rec.ID)
 	return nil
 }
 
@@ -211,6 +353,9 @@ func (m *Manager) Endpoint(ctx context.Context, id string, wake func(*sandbox.Sa
 		return ep, nil
 	case p == dead:
 		return sandbox.Endpoint{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	case ep.Sandbox.PauseMode == sandbox.PauseFiles:
+		// As E2B: traffic never reboots a sandbox.
+		return ep, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused with its files only: connect to resume it (it boots afresh)", id)
 	case !ep.Sandbox.AutoResume || wake == nil || !wake(ep.Sandbox):
 		return ep, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: connect to resume it", id)
 	}

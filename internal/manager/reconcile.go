@@ -78,6 +78,11 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 	return nil
 }
 
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
 // complete reports whether dir holds a finished checkpoint image.
 func complete(dir string) bool {
 	_, err := os.Stat(filepath.Join(dir, "checkpoint.img"))
@@ -91,7 +96,7 @@ func complete(dir string) bool {
 func (m *Manager) adoptRecord(ctx context.Context, rec *sandbox.Sandbox) bool {
 	if rec.State == sandbox.StatePaused {
 		img := cmp.Or(rec.PausedImage, m.pausedDir(rec.ID))
-		if complete(img) {
+		if complete(img) || rec.PauseMode == sandbox.PauseFiles && fileExists(filepath.Join(img, upperTar)) {
 			if rec.PausedImage == "" {
 				rec.PausedImage = img
 				_ = m.st.Put(ctx, rec)

@@ -57,7 +57,7 @@ func (m *Manager) Warm(ctx context.Context, name string) error {
 func (m *Manager) buildWarm(ctx context.Context, name, rootfs, image string) error {
 	// The template's size (its disk is frozen in the image) and the
 	// maximum process limits, which each sandbox's hand-off lowers.
-	b, err := m.boxes.Boot(ctx, rootfs, m.templateLimits(name),
+	b, err := m.boxes.Boot(ctx, rootfs, m.templateLimits(name), "",
 		"CELLFORK_PREIMPORT="+strings.Join(template.Preimport(name), ","))
 	if err != nil {
 		return err

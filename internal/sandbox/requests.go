@@ -22,6 +22,9 @@ type CreateRequest struct {
 	AutoResume bool
 	// Network is the policy; nil means the snapshot's, or the default.
 	Network *Network
+	// AutoPauseFiles: a timeout pause saves the files only (E2B's
+	// autoPauseMemory false). Not with AutoResume.
+	AutoPauseFiles bool
 }
 
 // ForkResult is one child of a fork: a sandbox or an error.
@@ -55,6 +58,13 @@ type PauseRequest struct {
 	// the daemon's spill delay; pausing a paused sandbox with Spill moves
 	// it to disk.
 	Spill bool
+	// FilesOnly saves the files and not the memory (E2B's memory false):
+	// resuming boots the sandbox afresh from them. It needs the sandbox's
+	// agent to answer.
+	FilesOnly bool
+	// RequireHealthyAgent refuses the pause (ErrUnavailable) while the
+	// sandbox's agent does not answer (E2B's requireHealthyGuest).
+	RequireHealthyAgent bool
 }
 
 // ConnectRequest says how to connect to a sandbox.
@@ -64,6 +74,10 @@ type ConnectRequest struct {
 	Timeout time.Duration
 	// MustBePaused refuses a running sandbox (E2B's v1 resume).
 	MustBePaused bool
+	// Reboot resumes a paused sandbox by booting it afresh from its files,
+	// whatever its pause saved (E2B's memory false); nothing for a running
+	// one.
+	Reboot bool
 }
 
 // Endpoint is how the data plane reaches a running sandbox.

@@ -37,6 +37,9 @@ type Sandbox struct {
 	// AutoResume (with OnTimeout "pause"): a data-plane request to the
 	// paused sandbox resumes it, as E2B's lifecycle.autoResume.
 	AutoResume bool
+	// AutoPauseFiles (with OnTimeout "pause"): the timeout pauses it
+	// filesystem-only (E2B's autoPauseMemory false).
+	AutoPauseFiles bool
 	// Rootfs is the template root filesystem the sandbox runs on; restores
 	// of its state need the same one.
 	Rootfs string
@@ -48,12 +51,22 @@ type Sandbox struct {
 	// PausedImage is where a sandbox paused to disk keeps its state ("" if
 	// it runs, or is paused in memory).
 	PausedImage string
+	// PauseMode says what a paused sandbox's pause saved: PauseFull (its
+	// memory and files; "" in records of older daemons) or PauseFiles (its
+	// files only: resuming boots it afresh from them). "" while it runs.
+	PauseMode string
 	// BootMode says how the sandbox was started: "pool", "restore" or
 	// "boot".
 	BootMode string
 	// Network is the sandbox's network policy.
 	Network Network
 }
+
+// What a pause saves (E2B's SandboxPauseMode).
+const (
+	PauseFull  = "full"
+	PauseFiles = "filesystem"
+)
 
 // Network is a sandbox's network policy, as E2B's API states it. Egress to
 // the host, the daemon, other sandboxes and link-local addresses is denied
@@ -122,6 +135,9 @@ type Spec struct {
 	// scratch; a restored one keeps its image's. PidsMax and OpenFiles are
 	// not given to processes: see InitRlimits.
 	Limits Limits
+	// RootfsUpper is a tar ExportRootfs wrote: the root filesystem starts
+	// with those changes over Rootfs ("" none). Only for Start.
+	RootfsUpper string
 	// InitRlimits are the RLIMIT_NPROC (PidsMax) and RLIMIT_NOFILE
 	// (OpenFiles) the init process starts with and passes on; a restored
 	// sandbox keeps its image's. Zero fields: Limits'; other fields are
@@ -154,6 +170,11 @@ type Runtime interface {
 	// Checkpoint saves the sandbox's whole state into the empty dir. Unless
 	// leaveRunning, the sandbox stops and must then be Destroyed.
 	Checkpoint(ctx context.Context, runtimeID, dir string, leaveRunning bool) error
+	// ExportRootfs writes what the sandbox changed in its root filesystem
+	// (the overlay's upper layer, deletions included) as a tar to path, a
+	// new file; a sandbox started with Spec.RootfsUpper = path starts with
+	// those changes.
+	ExportRootfs(ctx context.Context, runtimeID, path string) error
 	// Pause freezes the sandbox in memory; Resume thaws it.
 	Pause(ctx context.Context, runtimeID string) error
 	Resume(ctx context.Context, runtimeID string) error

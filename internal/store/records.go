@@ -33,10 +33,12 @@ type sandboxRecord struct {
 	AccessToken  string            `json:"AccessToken"`
 	OnTimeout    string            `json:"OnTimeout"`
 	AutoResume   bool              `json:"AutoResume"`
+	AutoPauseFS  bool              `json:"AutoPauseFiles,omitempty"`
 	Rootfs       string            `json:"Rootfs"`
 	ParentID     string            `json:"ParentID"`
 	BaseSnapshot string            `json:"BaseSnapshot"`
 	PausedImage  string            `json:"PausedImage"`
+	PauseMode    string            `json:"PauseMode,omitempty"`
 	BootMode     string            `json:"BootMode"`
 	Network      networkRecord     `json:"Network"`
 }
@@ -90,9 +92,9 @@ func sandboxToRecord(s *sandbox.Sandbox) *sandboxRecord {
 		V: recordVersion, ID: s.ID, TemplateID: s.TemplateID, RuntimeID: s.RuntimeID, State: string(s.State),
 		StartedAt: s.StartedAt, EndAt: s.EndAt, Metadata: s.Metadata, Envs: s.Envs,
 		CPUCount: s.CPUCount, MemoryMB: s.MemoryMB, DiskSizeMB: s.DiskSizeMB, PidsMax: s.PidsMax, OpenFiles: s.OpenFiles,
-		AccessToken: s.AccessToken, OnTimeout: s.OnTimeout, AutoResume: s.AutoResume, Rootfs: s.Rootfs,
-		ParentID: s.ParentID, BaseSnapshot: s.BaseSnapshot, PausedImage: s.PausedImage, BootMode: s.BootMode,
-		Network: netRecord(s.Network),
+		AccessToken: s.AccessToken, OnTimeout: s.OnTimeout, AutoResume: s.AutoResume, AutoPauseFS: s.AutoPauseFiles,
+		Rootfs: s.Rootfs, ParentID: s.ParentID, BaseSnapshot: s.BaseSnapshot, PausedImage: s.PausedImage,
+		PauseMode: s.PauseMode, BootMode: s.BootMode, Network: netRecord(s.Network),
 	}
 }
 
@@ -104,9 +106,9 @@ func (r *sandboxRecord) domain() (*sandbox.Sandbox, error) {
 		ID: r.ID, TemplateID: r.TemplateID, RuntimeID: r.RuntimeID, State: sandbox.State(r.State),
 		StartedAt: r.StartedAt, EndAt: r.EndAt, Metadata: r.Metadata, Envs: r.Envs,
 		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB, PidsMax: r.PidsMax, OpenFiles: r.OpenFiles,
-		AccessToken: r.AccessToken, OnTimeout: r.OnTimeout, AutoResume: r.AutoResume, Rootfs: r.Rootfs,
-		ParentID: r.ParentID, BaseSnapshot: r.BaseSnapshot, PausedImage: r.PausedImage, BootMode: r.BootMode,
-		Network: r.Network.domain(),
+		AccessToken: r.AccessToken, OnTimeout: r.OnTimeout, AutoResume: r.AutoResume, AutoPauseFiles: r.AutoPauseFS,
+		Rootfs: r.Rootfs, ParentID: r.ParentID, BaseSnapshot: r.BaseSnapshot, PausedImage: r.PausedImage,
+		PauseMode: r.PauseMode, BootMode: r.BootMode, Network: r.Network.domain(),
 	}, nil
 }
 

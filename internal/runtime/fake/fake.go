@@ -160,14 +160,43 @@ func (h *Host) add(s sandbox.Spec, state, memory string) error {
 	return nil
 }
 
-// Start boots a box.
+// Start boots a box: its memory is "boot", or "boot+" the files of
+// Spec.RootfsUpper.
 func (h *Host) Start(_ context.Context, s sandbox.Spec) error {
+	memory := "boot"
+	if s.RootfsUpper != "" {
+		files, err := os.ReadFile(s.RootfsUpper)
+		if err != nil {
+			return fmt.Errorf("fake start: %w", err)
+		}
+		memory = "boot+" + string(files)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.failing("Start"); err != nil {
 		return err
 	}
-	return h.add(s, "running", "boot")
+	return h.add(s, "running", memory)
+}
+
+// ExportRootfs writes the box's files: in the fake, its whole memory.
+func (h *Host) ExportRootfs(_ context.Context, rid, path string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.failing("ExportRootfs"); err != nil {
+		return err
+	}
+	c := h.boxes[rid]
+	if c == nil || (c.state != "running" && c.state != "paused") {
+		return fmt.Errorf("fake export: %s is not running", rid)
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = f.WriteString(c.memory)
+	return err
 }
 
 // Prepare creates a box that runs nothing.

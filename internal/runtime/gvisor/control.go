@@ -29,6 +29,7 @@ const (
 	methodPause      = "containerManager.Pause"
 	methodResume     = "containerManager.Resume"
 	methodCheckpoint = "containerManager.Checkpoint"
+	methodTarUpper   = "Fs.TarRootfsUpperLayer"
 )
 
 // controlSocket finds the sandbox's control socket where runsc puts it:
@@ -200,4 +201,24 @@ func (r *Runtime) checkpointLive(ctx context.Context, id, dir string) error {
 		"Resume":          true,
 	}
 	return r.control(ctx, id, methodCheckpoint, opts, files...)
+}
+
+// ExportRootfs writes the root overlay's upper layer (what the sandbox
+// wrote and deleted in its root filesystem) as a tar to path, over the
+// control socket, as `runsc tar rootfs-upper` does. The sandbox may be
+// running or paused; it goes on as it was.
+func (r *Runtime) ExportRootfs(ctx context.Context, id, path string) error {
+	defer timing.Since(ctx, "export", time.Now())
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	if err := r.control(ctx, id, methodTarUpper, map[string]string{"ContainerID": id}, f); err != nil {
+		_ = os.Remove(path)
+		return err
+	}
+	return f.Sync()
 }

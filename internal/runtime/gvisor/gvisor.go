@@ -131,7 +131,14 @@ func (r *Runtime) detached(ctx context.Context, phase string, s sandbox.Spec, ou
 	// caller destroys what it no longer wants once this returns.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
 	defer cancel()
-	full := append(r.globalFlags(filepath.Join(s.BundleDir, "runsc.log"), s.Limits.DiskMB), args...)
+	full := r.globalFlags(filepath.Join(s.BundleDir, "runsc.log"), s.Limits.DiskMB)
+	if s.RootfsUpper != "" {
+		// Only the boot that seeds its root filesystem from a tar asks
+		// for it: other sandboxes' configuration stays as their images
+		// were taken with.
+		full = append(full, "--allow-rootfs-tar-annotation")
+	}
+	full = append(full, args...)
 	cmd := exec.CommandContext(rctx, r.cfg.Runsc, full...)
 	cmd.SysProcAttr = diesWithDaemon()
 	cmd.Stdout, cmd.Stderr = out, out

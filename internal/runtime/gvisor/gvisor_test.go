@@ -255,3 +255,34 @@ func TestConformance(t *testing.T) {
 		}}
 	})
 }
+
+// TestExportRootfsCarriesFiles: a sandbox booted from another's exported
+// root filesystem has its files, new and changed, and not those it deleted
+// (the whiteouts travel), but none of its memory: it booted afresh.
+func TestExportRootfsCarriesFiles(t *testing.T) {
+	r := newTestRuntime(t)
+	ctx := context.Background()
+	old := randomID()
+	err := r.Start(ctx, spec(t, old, newNet(t), "/bin/sh", "-c",
+		"mkdir -p /work && echo kept > /work/kept && echo changed > /etc/issue.net && rm /etc/debian_version && (sleep 4242 &) && exec sleep 1000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Destroy(ctx, old)
+	time.Sleep(300 * time.Millisecond)
+	tar := filepath.Join(t.TempDir(), "upper.tar")
+	if err := r.ExportRootfs(ctx, old, tar); err != nil {
+		t.Fatal(err)
+	}
+	fresh := randomID()
+	s := spec(t, fresh, newNet(t), "/bin/sh", "-c", "exec sleep 1000")
+	s.RootfsUpper = tar
+	if err := r.Start(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Destroy(ctx, fresh)
+	got := r.execOut(t, fresh, "sh", "-c", "cat /work/kept /etc/issue.net; test -e /etc/debian_version && echo still-there; ps -eo args= | grep -c '[s]leep 4242'; true")
+	if got != "kept\nchanged\n0\n" {
+		t.Errorf("booted from the export: %q", got)
+	}
+}

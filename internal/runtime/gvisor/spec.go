@@ -15,6 +15,9 @@ type ociConfig struct {
 	Hostname   string     `json:"hostname"`
 	Mounts     []ociMount `json:"mounts"`
 	Linux      ociLinux   `json:"linux"`
+	// Annotations: runsc's dev.gvisor.tar.rootfs.upper seeds the root
+	// overlay's upper layer from a tar at boot.
+	Annotations map[string]string `json:"annotations,omitempty"`
 }
 
 type ociProcess struct {
@@ -158,5 +161,15 @@ func ociSpec(s sandbox.Spec, cgroupsPath string) ociConfig {
 			},
 			CgroupsPath: cgroupsPath,
 		},
+		Annotations: rootfsUpper(s.RootfsUpper),
 	}
+}
+
+// rootfsUpper is the annotation that makes runsc seed the root overlay's
+// upper layer from the tar at path (runsc/specutils AnnotationRootfsUpperTar).
+func rootfsUpper(path string) map[string]string {
+	if path == "" {
+		return nil
+	}
+	return map[string]string{"dev.gvisor.tar.rootfs.upper": path}
 }

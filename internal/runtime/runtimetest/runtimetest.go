@@ -125,6 +125,29 @@ func Run(t *testing.T, newEnv func(t *testing.T) Env) {
 		state(t, fresh, "paused")
 	})
 
+	t.Run("ExportRootfs", func(t *testing.T) {
+		id, _ := start(t)
+		if err := e.Runtime.Pause(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		tar := filepath.Join(t.TempDir(), "upper.tar")
+		if err := e.Runtime.ExportRootfs(ctx, id, tar); err != nil {
+			t.Fatalf("export of a paused sandbox: %v", err)
+		}
+		state(t, id, "paused")
+		if err := e.Runtime.ExportRootfs(ctx, id, tar); err == nil {
+			t.Error("export over an existing file")
+		}
+		booted := rid()
+		s := e.Spec(t, booted)
+		s.RootfsUpper = tar
+		if err := e.Runtime.Start(ctx, s); err != nil {
+			t.Fatalf("start with the exported files: %v", err)
+		}
+		t.Cleanup(func() { _ = e.Runtime.Destroy(ctx, booted) })
+		state(t, booted, "running")
+	})
+
 	t.Run("RestoreMissingImage", func(t *testing.T) {
 		id := rid()
 		if err := e.Runtime.Restore(ctx, e.Spec(t, id), filepath.Join(t.TempDir(), "nothing"), false); err == nil {
