@@ -1,0 +1,248 @@
+package clusterdb
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/clusterdb/pgtest"
+	"github.com/cellfork/cellfork/internal/ids"
+)
+
+var server *pgtest.Server
+
+func TestMain(m *testing.M) {
+	dir, _ := os.MkdirTemp("", "clusterdb-test-")
+	var err error
+	server, err = pgtest.Start(dir, "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "starting PostgreSQL:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	server.Stop()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// fresh returns a database of its own on the test server.
+func fresh(t *testing.T) *DB {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := Open(ctx, server.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("t%d", time.Now().UnixNano())
+	if _, err := admin.pool.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	admin.Close()
+	db, err := Open(ctx, fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", server.Addr, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return db
+}
+
+func TestMigrations(t *testing.T) {
+	db := fresh(t)
+	ctx := context.Background()
+	var v int
+	if err := db.pool.QueryRow(ctx, `SELECT max(version) FROM schema_migrations`).Scan(&v); err != nil || v != SchemaVersion() {
+		t.Fatalf("schema version %d, %v; want %d", v, err, SchemaVersion())
+	}
+	// Again: nothing to do.
+	if err := db.migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A database from a newer cellfork is refused, not misused.
+	if _, err := db.pool.Exec(ctx, `INSERT INTO schema_migrations (version) VALUES ($1)`, SchemaVersion()+1); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.migrate(ctx); err == nil {
+		t.Fatal("a newer schema was accepted")
+	}
+}
+
+func setup(t *testing.T, db *DB) {
+	t.Helper()
+	ctx := context.Background()
+	if err := db.PutRegion(ctx, Region{ID: 1, Name: "eu", Groups: []string{"europe"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.PutTeam(ctx, Team{ID: "acme", MaxSandboxes: 3}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func heartbeat(t *testing.T, db *DB, slot int, epoch int64, memMB int64) error {
+	t.Helper()
+	return db.Heartbeat(context.Background(), Host{Slot: slot, Epoch: epoch, CPUs: 2, MemTotalMB: memMB}, time.Second)
+}
+
+// Slots are never reused, a host keeps its slot, and a host declared lost
+// is fenced until it registers again.
+func TestHostsLeasesAndLoss(t *testing.T) {
+	db := fresh(t)
+	setup(t, db)
+	ctx := context.Background()
+	a, ea, err := db.Register(ctx, "host-a", 1, "10.77.0.11:3000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, eb, _ := db.Register(ctx, "host-b", 1, "10.77.0.12:3000")
+	if a == b {
+		t.Fatal("two hosts got one slot")
+	}
+	if again, _, _ := db.Register(ctx, "host-a", 1, "10.77.0.11:3001"); again != a {
+		t.Fatalf("host-a came back on slot %d, not %d", again, a)
+	}
+	for _, hb := range []struct {
+		slot  int
+		epoch int64
+	}{{a, ea}, {b, eb}} {
+		if err := heartbeat(t, db, hb.slot, hb.epoch, 1024); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Leases run out for both: nobody else heartbeated, so nobody is lost
+	// (a database outage looks like this).
+	time.Sleep(1100 * time.Millisecond)
+	if lost, err := db.SweepLost(ctx); err != nil || len(lost) != 0 {
+		t.Fatalf("after everyone's silence: lost %v, %v", lost, err)
+	}
+	// b heartbeats, a does not: a is lost.
+	if err := heartbeat(t, db, b, eb, 1024); err != nil {
+		t.Fatal(err)
+	}
+	if lost, err := db.SweepLost(ctx); err != nil || len(lost) != 1 || lost[0] != a {
+		t.Fatalf("lost %v, %v; want [%d]", lost, err, a)
+	}
+	if err := heartbeat(t, db, a, ea, 1024); !errors.Is(err, ErrFenced) {
+		t.Fatalf("a lost host's heartbeat: %v", err)
+	}
+	slot, epoch, err := db.Register(ctx, "host-a", 1, "10.77.0.11:3000")
+	if err != nil || slot != a || epoch != ea+1 {
+		t.Fatalf("re-registered as %d epoch %d, %v", slot, epoch, err)
+	}
+	if err := heartbeat(t, db, a, epoch, 1024); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Reservations are atomic: concurrent placements never take more memory
+// than a host has, and never more sandboxes than a team may run.
+func TestReserveIsAtomic(t *testing.T) {
+	db := fresh(t)
+	setup(t, db)
+	ctx := context.Background()
+	if err := db.PutTeam(ctx, Team{ID: "big", MaxSandboxes: 0}); err != nil {
+		t.Fatal(err)
+	}
+	slot, epoch, _ := db.Register(ctx, "h", 1, "x:1")
+	if err := heartbeat(t, db, slot, epoch, 4096); err != nil {
+		t.Fatal(err)
+	}
+	try := func(team string, n int) (ok, full, limited int64) {
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				err := db.Reserve(ctx, Sandbox{ID: ids.NewSandbox(1, slot), Team: team, Region: 1, HostSlot: slot, MemoryMB: 1024}, 0)
+				switch {
+				case err == nil:
+					atomic.AddInt64(&ok, 1)
+				case errors.Is(err, ErrNoCapacity):
+					atomic.AddInt64(&full, 1)
+				case errors.Is(err, ErrTeamLimit):
+					atomic.AddInt64(&limited, 1)
+				default:
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		return
+	}
+	if ok, full, limited := try("acme", 8); ok != 3 || limited+full != 5 {
+		t.Fatalf("team bounded at 3: ok %d, full %d, limited %d", ok, full, limited)
+	}
+	if ok, full, _ := try("big", 8); ok != 1 || full != 7 {
+		t.Fatalf("4 GiB host, 1 GiB each, 3 taken: ok %d, full %d", ok, full)
+	}
+	if err := db.Reserve(ctx, Sandbox{ID: ids.NewSandbox(1, slot), Team: "nobody", HostSlot: slot}, 0); !errors.Is(err, ErrNoTeam) {
+		t.Errorf("unknown team: %v", err)
+	}
+	// Releasing gives both back.
+	rows, _ := db.HostSandboxes(ctx, slot)
+	for _, r := range rows {
+		if err := db.Release(ctx, r.ID, slot, r.MemoryMB); err != nil {
+			t.Fatal(err)
+		}
+	}
+	teams, _ := db.Teams(ctx)
+	for _, tm := range teams {
+		if tm.Running != 0 {
+			t.Errorf("team %s still counts %d running", tm.ID, tm.Running)
+		}
+	}
+}
+
+// A host writes its sandboxes' rows only while they live there; paused
+// sandboxes do not count against the team; lists filter and page.
+func TestSyncFencingAndList(t *testing.T) {
+	db := fresh(t)
+	setup(t, db)
+	ctx := context.Background()
+	a, ea, _ := db.Register(ctx, "a", 1, "x:1")
+	b, _, _ := db.Register(ctx, "b", 1, "x:2")
+	if err := heartbeat(t, db, a, ea, 8192); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now().UTC().Truncate(time.Millisecond)
+	var ids_ []string
+	for i := range 3 {
+		id := ids.NewSandbox(1, a)
+		ids_ = append(ids_, id)
+		s := Sandbox{ID: id, Team: "acme", Region: 1, HostSlot: a, State: "running", MemoryMB: 512, TemplateID: "base",
+			StartedAt: t0.Add(time.Duration(i) * time.Second), Metadata: map[string]string{"k": fmt.Sprint(i % 2)},
+			Doc: json.RawMessage(`{"sandboxID":"` + id + `"}`)}
+		if err := db.Sync(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.Sync(ctx, Sandbox{ID: ids.NewSandbox(1, a), Team: "acme", HostSlot: a, State: "running", Doc: json.RawMessage(`{}`)}); !errors.Is(err, ErrTeamLimit) {
+		t.Errorf("a fourth running sandbox of a team bounded at 3: %v", err)
+	}
+	// Pausing frees a place.
+	if err := db.Sync(ctx, Sandbox{ID: ids_[0], Team: "acme", HostSlot: a, State: "paused", StartedAt: t0, Metadata: map[string]string{"k": "0"}, Doc: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Sync(ctx, Sandbox{ID: ids.NewSandbox(1, a), Team: "acme", HostSlot: a, State: "running", StartedAt: t0.Add(time.Hour), Doc: json.RawMessage(`{}`)}); err != nil {
+		t.Errorf("after a pause: %v", err)
+	}
+	// Another host cannot write a row that is not its own.
+	if err := db.Sync(ctx, Sandbox{ID: ids_[1], Team: "acme", HostSlot: b, State: "running", Doc: json.RawMessage(`{}`)}); !errors.Is(err, ErrStale) {
+		t.Errorf("host b writing host a's sandbox: %v", err)
+	}
+	page, err := db.ListSandboxes(ctx, ListFilter{Team: "acme", States: []string{"running", "paused"}, Metadata: map[string]string{"k": "0"}, Limit: 10})
+	if err != nil || len(page) != 2 || page[0].ID != ids_[0] || page[1].ID != ids_[2] {
+		t.Fatalf("metadata filter: %+v, %v", page, err)
+	}
+	desc, _ := db.ListSandboxes(ctx, ListFilter{Team: "acme", States: []string{"running", "paused"}, Desc: true, Limit: 2})
+	next, _ := db.ListSandboxes(ctx, ListFilter{Team: "acme", States: []string{"running", "paused"}, Desc: true, Limit: 10,
+		CursorID: desc[1].ID, CursorStarted: desc[1].StartedAt})
+	if len(desc) != 2 || len(next) != 2 || next[0].StartedAt.After(desc[1].StartedAt) {
+		t.Fatalf("paging newest first: %v then %v", desc, next)
+	}
+	if other, _ := db.ListSandboxes(ctx, ListFilter{Team: "other", States: []string{"running"}, Limit: 10}); len(other) != 0 {
+		t.Error("a team saw another's sandboxes")
+	}
+}

@@ -1,0 +1,301 @@
+package clusterdb
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+)
+
+// Sandbox is a sandbox's row.
+type Sandbox struct {
+	ID         string            `json:"id"`
+	Team       string            `json:"team"`
+	Region     int               `json:"region"`
+	HomeSlot   int               `json:"homeSlot"`
+	HostSlot   int               `json:"hostSlot"`
+	Generation int64             `json:"generation"`
+	State      string            `json:"state"` // creating, running, paused, lost
+	MemoryMB   int               `json:"memoryMB"`
+	TemplateID string            `json:"templateID"`
+	StartedAt  time.Time         `json:"startedAt"`
+	EndAt      time.Time         `json:"endAt"`
+	Metadata   map[string]string `json:"metadata"`
+	// Doc is what a list shows of it (E2B's ListedSandbox), as its host
+	// wrote it.
+	Doc json.RawMessage `json:"doc"`
+}
+
+// Reserve places a new sandbox on a host: its memory is taken from the
+// host's free memory and its row inserted (state creating), in one
+// transaction, or neither. ErrNoCapacity: the host has no room (or is not
+// active, or its lease ran out); ErrTeamLimit: the team is at its bound;
+// ErrNoTeam.
+func (db *DB) Reserve(ctx context.Context, s Sandbox, reserveMB int64) error {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return unavailable(err)
+	}
+	defer tx.Rollback(ctx)
+	tag, err := tx.Exec(ctx, `UPDATE hosts SET mem_alloc_mb = mem_alloc_mb + $2
+		WHERE slot = $1 AND state = 'active' AND lease_until > now() AND mem_alloc_mb + $2 <= mem_total_mb - $3`,
+		s.HostSlot, s.MemoryMB, reserveMB)
+	if err != nil {
+		return unavailable(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNoCapacity
+	}
+	if err := insertSandbox(ctx, tx, s, "creating"); err != nil {
+		return err
+	}
+	return unavailable(tx.Commit(ctx))
+}
+
+func insertSandbox(ctx context.Context, tx pgx.Tx, s Sandbox, state string) error {
+	meta, _ := json.Marshal(orEmpty(s.Metadata))
+	doc := s.Doc
+	if doc == nil {
+		doc = json.RawMessage("{}")
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO sandboxes (id, team, region, home_slot, host_slot, state, memory_mb, template_id,
+			started_at, end_at, metadata, doc)
+		VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, $9, $10, $11)`,
+		s.ID, s.Team, s.Region, s.HostSlot, state, s.MemoryMB, s.TemplateID, s.StartedAt, s.EndAt, meta, []byte(doc))
+	return teamError(err)
+}
+
+func teamError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "CF001":
+			return ErrTeamLimit
+		case "CF002":
+			return ErrNoTeam
+		case "23505":
+			return errdefs.New(errdefs.ErrAlreadyExists, "a sandbox with this id exists")
+		}
+	}
+	return unavailable(err)
+}
+
+func orEmpty(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+// Release undoes a reservation whose create failed: the row (still
+// creating) goes and the host gets its memory back.
+func (db *DB) Release(ctx context.Context, id string, slot, memoryMB int) error {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return unavailable(err)
+	}
+	defer tx.Rollback(ctx)
+	tag, err := tx.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1 AND host_slot = $2 AND state = 'creating'`, id, slot)
+	if err != nil {
+		return unavailable(err)
+	}
+	if tag.RowsAffected() > 0 {
+		if _, err := tx.Exec(ctx, `UPDATE hosts SET mem_alloc_mb = greatest(mem_alloc_mb - $2, 0) WHERE slot = $1`, slot, memoryMB); err != nil {
+			return unavailable(err)
+		}
+	}
+	return unavailable(tx.Commit(ctx))
+}
+
+// Sync writes what host slot knows of a sandbox: its row is created (a
+// fork child, a sandbox created on the host directly) or updated, but only
+// while the row says it lives there; otherwise ErrStale (it moved on, and
+// the host must drop its copy).
+func (db *DB) Sync(ctx context.Context, s Sandbox) error {
+	meta, _ := json.Marshal(orEmpty(s.Metadata))
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return unavailable(err)
+	}
+	defer tx.Rollback(ctx)
+	tag, err := tx.Exec(ctx, `UPDATE sandboxes SET state = $3, memory_mb = $4, template_id = $5, started_at = $6,
+			end_at = $7, metadata = $8, doc = $9, updated_at = now()
+		WHERE id = $1 AND host_slot = $2`,
+		s.ID, s.HostSlot, s.State, s.MemoryMB, s.TemplateID, s.StartedAt, s.EndAt, meta, []byte(s.Doc))
+	if err != nil {
+		return teamError(err)
+	}
+	if tag.RowsAffected() == 0 {
+		var slot int
+		err := tx.QueryRow(ctx, `SELECT host_slot FROM sandboxes WHERE id = $1`, s.ID).Scan(&slot)
+		switch {
+		case err == nil:
+			return ErrStale
+		case !errors.Is(err, pgx.ErrNoRows):
+			return unavailable(err)
+		}
+		if err := insertSandbox(ctx, tx, s, s.State); err != nil {
+			return err
+		}
+	}
+	return unavailable(tx.Commit(ctx))
+}
+
+// Forget deletes a sandbox's row, if host slot holds it.
+func (db *DB) Forget(ctx context.Context, id string, slot int) error {
+	_, err := db.pool.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1 AND host_slot = $2`, id, slot)
+	return unavailable(err)
+}
+
+// ForgetLost deletes the row of a lost sandbox (killing it, as far as the
+// cluster can: its host is gone).
+func (db *DB) ForgetLost(ctx context.Context, id, team string) (bool, error) {
+	tag, err := db.pool.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1 AND team = $2 AND state = 'lost'`, id, team)
+	return tag.RowsAffected() > 0, unavailable(err)
+}
+
+const sandboxColumns = `id, team, region, home_slot, host_slot, generation, state, memory_mb, template_id, started_at, end_at, metadata, doc`
+
+func scanSandbox(r pgx.CollectableRow) (Sandbox, error) {
+	var s Sandbox
+	var meta []byte
+	err := r.Scan(&s.ID, &s.Team, &s.Region, &s.HomeSlot, &s.HostSlot, &s.Generation, &s.State, &s.MemoryMB,
+		&s.TemplateID, &s.StartedAt, &s.EndAt, &meta, &s.Doc)
+	if err == nil {
+		_ = json.Unmarshal(meta, &s.Metadata)
+	}
+	return s, err
+}
+
+// GetSandbox returns a sandbox's row.
+func (db *DB) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
+	rows, err := db.pool.Query(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = $1`, id)
+	if err != nil {
+		return Sandbox{}, unavailable(err)
+	}
+	s, err := pgx.CollectExactlyOneRow(rows, scanSandbox)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	}
+	return s, unavailable(err)
+}
+
+// ListFilter selects a team's sandboxes for a list.
+type ListFilter struct {
+	Team     string
+	States   []string // running, paused (lost ones are listed as lost)
+	Metadata map[string]string
+	Template string
+	After    time.Time // started strictly after
+	Desc     bool
+	// Cursor continues after (or, descending, before) this sandbox.
+	CursorStarted time.Time
+	CursorID      string
+	Limit         int
+}
+
+// ListSandboxes returns a page of a team's sandboxes, ordered by start time
+// then id.
+func (db *DB) ListSandboxes(ctx context.Context, f ListFilter) ([]Sandbox, error) {
+	meta, _ := json.Marshal(orEmpty(f.Metadata))
+	op, dir := ">", "ASC"
+	if f.Desc {
+		op, dir = "<", "DESC"
+	}
+	q := `SELECT ` + sandboxColumns + ` FROM sandboxes
+		WHERE team = $1 AND state = ANY($2) AND metadata @> $3 AND ($4 = '' OR template_id = $4) AND started_at > $5
+		  AND ($6 = '' OR (started_at, id) ` + op + ` ($7, $6))
+		ORDER BY started_at ` + dir + `, id ` + dir + ` LIMIT $8`
+	rows, err := db.pool.Query(ctx, q, f.Team, f.States, meta, f.Template, f.After, f.CursorID, f.CursorStarted, f.Limit)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	return pgx.CollectRows(rows, scanSandbox)
+}
+
+// Moved returns the sandboxes that live away from their home host.
+func (db *DB) Moved(ctx context.Context) (map[string]int, error) {
+	rows, err := db.pool.Query(ctx, `SELECT id, host_slot FROM sandboxes WHERE host_slot <> home_slot`)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	out := map[string]int{}
+	var id string
+	var slot int
+	_, err = pgx.ForEachRow(rows, []any{&id, &slot}, func() error { out[id] = slot; return nil })
+	return out, unavailable(err)
+}
+
+// HostSandboxes returns the rows of the sandboxes that live on host slot.
+func (db *DB) HostSandboxes(ctx context.Context, slot int) ([]Sandbox, error) {
+	rows, err := db.pool.Query(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE host_slot = $1`, slot)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	return pgx.CollectRows(rows, scanSandbox)
+}
+
+// Snapshot is a snapshot's row: which host holds its image.
+type Snapshot struct {
+	ID        string          `json:"id"`
+	Team      string          `json:"team"`
+	Region    int             `json:"region"`
+	HostSlot  int             `json:"hostSlot"`
+	SandboxID string          `json:"sandboxID"`
+	Names     []string        `json:"names"`
+	CreatedAt time.Time       `json:"createdAt"`
+	Doc       json.RawMessage `json:"doc"`
+}
+
+// SyncSnapshot writes a snapshot's row (its host's view).
+func (db *DB) SyncSnapshot(ctx context.Context, s Snapshot) error {
+	if s.Names == nil {
+		s.Names = []string{}
+	}
+	_, err := db.pool.Exec(ctx, `INSERT INTO snapshots (id, team, region, host_slot, sandbox_id, names, doc, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		ON CONFLICT (id) DO UPDATE SET names = $6, doc = $7`,
+		s.ID, s.Team, s.Region, s.HostSlot, s.SandboxID, s.Names, []byte(s.Doc), s.CreatedAt)
+	return unavailable(err)
+}
+
+// ForgetSnapshot deletes a snapshot's row.
+func (db *DB) ForgetSnapshot(ctx context.Context, id string) error {
+	_, err := db.pool.Exec(ctx, `DELETE FROM snapshots WHERE id = $1`, id)
+	return unavailable(err)
+}
+
+// FindSnapshot returns a team's snapshot by id or name.
+func (db *DB) FindSnapshot(ctx context.Context, team, idOrName string) (Snapshot, error) {
+	rows, err := db.pool.Query(ctx, `SELECT id, team, region, host_slot, sandbox_id, names, created_at, doc FROM snapshots
+		WHERE team = $1 AND (id = $2 OR $2 = ANY(names)) ORDER BY (id = $2) DESC, created_at DESC LIMIT 1`, team, idOrName)
+	if err != nil {
+		return Snapshot{}, unavailable(err)
+	}
+	s, err := pgx.CollectExactlyOneRow(rows, scanSnapshot)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, errdefs.New(errdefs.ErrNotFound, "snapshot %q not found", idOrName)
+	}
+	return s, unavailable(err)
+}
+
+func scanSnapshot(r pgx.CollectableRow) (Snapshot, error) {
+	var s Snapshot
+	err := r.Scan(&s.ID, &s.Team, &s.Region, &s.HostSlot, &s.SandboxID, &s.Names, &s.CreatedAt, &s.Doc)
+	return s, err
+}
+
+// ListSnapshots returns a team's snapshots, oldest first.
+func (db *DB) ListSnapshots(ctx context.Context, team string) ([]Snapshot, error) {
+	rows, err := db.pool.Query(ctx, `SELECT id, team, region, host_slot, sandbox_id, names, created_at, doc FROM snapshots
+		WHERE team = $1 ORDER BY created_at, id`, team)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	return pgx.CollectRows(rows, scanSnapshot)
+}
