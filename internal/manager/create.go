@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -116,6 +117,23 @@ func (m *Manager) resolve(ctx context.Context, id string) (source, error) {
 // boots; rec.BootMode says which. On failure nothing of it is left behind.
 func (m *Manager) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error) {
 	t0 := time.Now()
+	id := req.ID
+	if id == "" {
+		id = m.ids.SandboxID()
+	} else {
+		if !m.ids.Own(id) {
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "sandbox id %q is not one this host may take", id)
+		}
+		// Idempotent by id: a retried create answers the sandbox the
+		// first one made (of the same team; another team's is a clash).
+		if sb, err := m.Get(ctx, id); err == nil {
+			return sb, nil
+		}
+		if m.exists(id) {
+			return nil, errdefs.New(errdefs.ErrAlreadyExists, "sandbox id %q is taken", id)
+		}
+	}
+	team, _ := sandbox.TeamOf(ctx)
 	src, err := m.resolve(ctx, req.TemplateID)
 	if err != nil {
 		return nil, err
@@ -138,10 +156,10 @@ func (m *Manager) Create(ctx context.Context, req sandbox.CreateRequest) (*sandb
 	timing.Since(ctx, "resolve", t0)
 	now := time.Now().UTC()
 	rec := &sandbox.Sandbox{
-		ID: sandbox.NewID(), TemplateID: req.TemplateID,
+		ID: id, Team: team, TemplateID: req.TemplateID,
 		State: sandbox.StateRunning, StartedAt: now, EndAt: now.Add(req.Timeout),
 		Metadata: orEmpty(req.Metadata), Envs: orEmpty(req.Envs),
-		AccessToken: sandbox.RandomHex(16), OnTimeout: req.OnTimeout, AutoResume: req.AutoResume,
+		AccessToken: m.ids.Token(id), OnTimeout: req.OnTimeout, AutoResume: req.AutoResume,
 		AutoPauseFiles: req.AutoPauseFiles, Rootfs: src.rootfs,
 	}
 	rec.SetLimits(limits)
@@ -242,7 +260,7 @@ func sandboxEnvs(rec *sandbox.Sandbox) map[string]string {
 		"E2B_SANDBOX":     "true",
 		"E2B_SANDBOX_ID":  rec.ID,
 		"E2B_TEMPLATE_ID": rec.TemplateID,
-		"E2B_TEAM_ID":     "cellfork", // one team per daemon, as clientID
+		"E2B_TEAM_ID":     cmp.Or(rec.Team, "cellfork"), // a single host is one team, as clientID
 	}
 	maps.Copy(out, rec.Envs)
 	return out

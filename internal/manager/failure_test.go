@@ -395,3 +395,60 @@ func TestPauseFilesOnly(t *testing.T) {
 		t.Errorf("autoResume with autoPauseMemory false: %v", err)
 	}
 }
+
+// clusterIDs mints ids a test can recognise, as a cluster host does.
+type clusterIDs struct{ sandbox.RandomIDs }
+
+func (clusterIDs) Own(id string) bool { return strings.HasPrefix(id, "own") }
+
+// A team sees only its own sandboxes and snapshots; a create under a
+// minted id is idempotent; ids not this host's are refused.
+func TestTeamsAndMintedIDs(t *testing.T) {
+	e := newEnv(t, nil)
+	e.m.ids = clusterIDs{}
+	a := sandbox.WithTeam(context.Background(), "team-a")
+	b := sandbox.WithTeam(context.Background(), "team-b")
+	sb, err := e.m.Create(a, sandbox.CreateRequest{ID: "own00000000000000001", TemplateID: "base"})
+	if err != nil || sb.ID != "own00000000000000001" || sb.Team != "team-a" {
+		t.Fatalf("create with a minted id: %+v, %v", sb, err)
+	}
+	again, err := e.m.Create(a, sandbox.CreateRequest{ID: sb.ID, TemplateID: "base"})
+	if err != nil || again.RuntimeID != sb.RuntimeID {
+		t.Errorf("a retried create made another sandbox: %+v, %v", again, err)
+	}
+	if _, err := e.m.Create(b, sandbox.CreateRequest{ID: sb.ID, TemplateID: "base"}); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("another team's create under a taken id: %v", err)
+	}
+	if _, err := e.m.Create(a, sandbox.CreateRequest{ID: "elsewhere00000000001", TemplateID: "base"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("an id not this host's: %v", err)
+	}
+	if _, err := e.m.Get(b, sb.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("team b got team a's sandbox: %v", err)
+	}
+	if err := e.m.Kill(b, sb.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("team b killed team a's sandbox: %v", err)
+	}
+	if list, _ := e.m.List(b); len(list) != 0 {
+		t.Errorf("team b lists %d sandboxes", len(list))
+	}
+	if list, _ := e.m.List(a); len(list) != 1 {
+		t.Errorf("team a lists %d sandboxes", len(list))
+	}
+	sn, err := e.m.Snapshot(a, sb.ID, "mine")
+	if err != nil || sn.Team != "team-a" {
+		t.Fatalf("snapshot: %+v, %v", sn, err)
+	}
+	if _, err := e.m.GetSnapshot(b, "mine"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("team b found team a's snapshot by name: %v", err)
+	}
+	if err := e.m.DeleteSnapshot(b, sn.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("team b deleted team a's snapshot: %v", err)
+	}
+	if _, err := e.m.Create(b, sandbox.CreateRequest{TemplateID: sn.ID}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("team b created from team a's snapshot: %v", err)
+	}
+	inits := e.h.Inits(sb.RuntimeID)
+	if team := inits[len(inits)-1].EnvVars["E2B_TEAM_ID"]; team != "team-a" {
+		t.Errorf("E2B_TEAM_ID = %q", team)
+	}
+}

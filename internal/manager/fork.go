@@ -43,7 +43,7 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.S
 		return nil, err
 	}
 	defer release()
-	l, err := m.begin(id, "rolling it back", running)
+	l, err := m.begin(ctx, id, "rolling it back", running)
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +126,7 @@ func (m *Manager) Fork(ctx context.Context, id string, n int, timeout time.Durat
 	if err := m.checkTimeout(timeout, false); err != nil {
 		return nil, err
 	}
-	l, err := m.begin(id, "forking it", running)
+	l, err := m.begin(ctx, id, "forking it", running)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +163,8 @@ func (m *Manager) forkChild(ctx context.Context, parent *sandbox.Sandbox, img st
 	}
 	now := time.Now().UTC()
 	rec := cloneRecord(parent)
-	rec.ID, rec.AccessToken, rec.RuntimeID, rec.BootMode = sandbox.NewID(), sandbox.RandomHex(16), b.RID, "fork"
+	rec.ID, rec.RuntimeID, rec.BootMode = m.ids.SandboxID(), b.RID, "fork"
+	rec.AccessToken = m.ids.Token(rec.ID)
 	rec.ParentID, rec.StartedAt, rec.EndAt, rec.PausedImage = parent.ID, now, now.Add(timeout), ""
 	rec.State = sandbox.StateRunning
 	if err := m.adopt(ctx, rec, b); err != nil {
@@ -184,12 +185,12 @@ func (m *Manager) Merge(ctx context.Context, parentID, childID string) (*sandbox
 	if second < first {
 		first, second = second, first
 	}
-	a, err := m.begin(first, "merging it", running)
+	a, err := m.begin(ctx, first, "merging it", running)
 	if err != nil {
 		return nil, m.mergeRefusal(err, parentID, childID)
 	}
 	defer a.op.Unlock()
-	b, err := m.begin(second, "merging it", running)
+	b, err := m.begin(ctx, second, "merging it", running)
 	if err != nil {
 		return nil, m.mergeRefusal(err, parentID, childID)
 	}

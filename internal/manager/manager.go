@@ -81,6 +81,8 @@ type Deps struct {
 	Agent     box.Agent
 	Templates Templates
 	Log       *slog.Logger
+	// IDs mints ids and tokens (nil: sandbox.RandomIDs, a single host's).
+	IDs sandbox.IDs
 }
 
 // Manager owns the live sandboxes. Safe for concurrent use.
@@ -91,6 +93,7 @@ type Manager struct {
 	adm   *pool.Admission
 	st    sandbox.Store
 	tpl   Templates
+	ids   sandbox.IDs
 	log   *slog.Logger
 
 	// Lock order (a lock may be taken while holding only those above it):
@@ -124,7 +127,11 @@ func New(cfg Config, d Deps) *Manager {
 		Ready: cfg.PoolReady, Shells: cfg.PoolShells, Standbys: cfg.StandbySnapshots,
 		StartConcurrency: cfg.StartConcurrency, StartQueue: cfg.StartQueue, StartWait: cfg.StartWait,
 	}, d.Log)
-	return &Manager{cfg: cfg, boxes: boxes, pool: p, adm: p.Admission(), st: d.Store, tpl: d.Templates, log: d.Log,
+	ids := d.IDs
+	if ids == nil {
+		ids = sandbox.RandomIDs{}
+	}
+	return &Manager{cfg: cfg, boxes: boxes, pool: p, adm: p.Admission(), st: d.Store, tpl: d.Templates, ids: ids, log: d.Log,
 		live: map[string]*Live{}, tombs: map[string]tomb{}, closing: make(chan struct{})}
 }
 
@@ -166,10 +173,13 @@ func (m *Manager) lives() []*Live {
 }
 
 // lookup returns the live sandbox or a NotFound error.
-func (m *Manager) lookup(id string) (*Live, error) {
+func (m *Manager) lookup(ctx context.Context, id string) (*Live, error) {
 	m.mu.Lock()
 	l := m.live[id]
 	m.mu.Unlock()
+	if l != nil && !sandbox.Sees(ctx, l.team()) {
+		l = nil // another team's: as good as absent
+	}
 	if l == nil {
 		if msg := m.diedMessage(id); msg != "" {
 			return nil, errdefs.New(errdefs.ErrNotFound, "%s", msg)
@@ -183,8 +193,8 @@ func (m *Manager) lookup(id string) (*Live, error) {
 // it returns the sandbox with op held (the caller unlocks it), or the
 // error the operation gets in the sandbox's phase. doing names the
 // operation in messages ("taking a snapshot of it").
-func (m *Manager) begin(id, doing string, allowed ...phase) (*Live, error) {
-	l, err := m.lookup(id)
+func (m *Manager) begin(ctx context.Context, id, doing string, allowed ...phase) (*Live, error) {
+	l, err := m.lookup(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -216,21 +226,29 @@ func (m *Manager) register(l *Live) {
 	m.mu.Unlock()
 }
 
+// exists reports whether a sandbox id is live, whatever its team.
+func (m *Manager) exists(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.live[id] != nil
+}
+
 // Get returns a copy of the sandbox's record.
-func (m *Manager) Get(_ context.Context, id string) (*sandbox.Sandbox, error) {
-	l, err := m.lookup(id)
+func (m *Manager) Get(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	l, err := m.lookup(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	return l.record(), nil
 }
 
-// List returns copies of every sandbox's record, oldest first.
-func (m *Manager) List(_ context.Context) ([]*sandbox.Sandbox, error) {
+// List returns copies of every sandbox's record (of the request's team),
+// oldest first.
+func (m *Manager) List(ctx context.Context) ([]*sandbox.Sandbox, error) {
 	lives := m.lives()
 	out := make([]*sandbox.Sandbox, 0, len(lives))
 	for _, l := range lives {
-		if rec := l.record(); rec != nil {
+		if rec := l.record(); rec != nil && sandbox.Sees(ctx, rec.Team) {
 			out = append(out, rec)
 		}
 	}
@@ -255,7 +273,7 @@ func compareStrings(a, b string) int {
 
 // Kill destroys a sandbox and everything it holds.
 func (m *Manager) Kill(ctx context.Context, id string) error {
-	l, err := m.begin(id, "killing it", running, frozen, spilled)
+	l, err := m.begin(ctx, id, "killing it", running, frozen, spilled)
 	if err != nil {
 		return err
 	}
@@ -312,7 +330,7 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 	if err := m.checkTimeout(d, true); err != nil {
 		return err
 	}
-	l, err := m.begin(id, "changing its timeout", running, frozen, spilled)
+	l, err := m.begin(ctx, id, "changing its timeout", running, frozen, spilled)
 	if err != nil {
 		return err
 	}
@@ -326,7 +344,7 @@ func (m *Manager) ExtendTimeout(ctx context.Context, id string, d time.Duration)
 	if err := m.checkTimeout(d, false); err != nil {
 		return err
 	}
-	l, err := m.begin(id, "extending its timeout", running, frozen, spilled)
+	l, err := m.begin(ctx, id, "extending its timeout", running, frozen, spilled)
 	if err != nil {
 		return err
 	}

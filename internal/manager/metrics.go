@@ -18,7 +18,7 @@ const (
 // start, and now), oldest first. When the range reaches now and the last
 // sample is older than a bucket, a sample is taken now.
 func (m *Manager) Metrics(ctx context.Context, id string, from, to time.Time) ([]sandbox.Metric, error) {
-	l, err := m.lookup(id)
+	l, err := m.lookup(ctx, id)
 	if err != nil {
 		return nil, err
 	}

@@ -8,7 +8,7 @@ import (
 
 // Network returns the sandbox's policy and its denied-connection count.
 func (m *Manager) Network(ctx context.Context, id string) (sandbox.NetworkStatus, error) {
-	l, err := m.lookup(id)
+	l, err := m.lookup(ctx, id)
 	if err != nil {
 		return sandbox.NetworkStatus{}, err
 	}
@@ -27,7 +27,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n sandbox.Networ
 	if _, err := sandbox.ParsePolicy(n); err != nil {
 		return err
 	}
-	l, err := m.begin(id, "changing its network", running, frozen, spilled)
+	l, err := m.begin(ctx, id, "changing its network", running, frozen, spilled)
 	if err != nil {
 		return err
 	}

@@ -25,7 +25,7 @@ func (m *Manager) Pause(ctx context.Context, id string, req sandbox.PauseRequest
 	if req.Spill && !req.FilesOnly {
 		allowed = append(allowed, frozen, spilled)
 	}
-	l, err := m.begin(id, "pausing it", allowed...)
+	l, err := m.begin(ctx, id, "pausing it", allowed...)
 	if err != nil {
 		return err
 	}
@@ -131,7 +131,7 @@ func (m *Manager) scheduleSpill(l *Live) {
 			l.timer.Stop()
 		}
 		l.timer = time.AfterFunc(m.cfg.SpillAfter, func() {
-			l, err := m.begin(id, "moving it to disk", frozen)
+			l, err := m.begin(context.Background(), id, "moving it to disk", frozen)
 			if err != nil {
 				return // resumed, spilled or killed meanwhile
 			}
@@ -180,7 +180,7 @@ func (m *Manager) Connect(ctx context.Context, id string, req sandbox.ConnectReq
 	if err := m.checkTimeout(timeout, true); err != nil {
 		return nil, false, err
 	}
-	l, err := m.begin(id, "connecting to it", running, frozen, spilled)
+	l, err := m.begin(ctx, id, "connecting to it", running, frozen, spilled)
 	if err != nil {
 		return nil, false, err
 	}
@@ -343,7 +343,7 @@ func (m *Manager) reboot(ctx context.Context, l *Live, timeout time.Duration) er
 // unless it was created with autoResume and wake says the request may wake
 // it: then it is resumed first, for the default lifetime.
 func (m *Manager) Endpoint(ctx context.Context, id string, wake func(*sandbox.Sandbox) bool) (sandbox.Endpoint, error) {
-	l, err := m.lookup(id)
+	l, err := m.lookup(ctx, id)
 	if err != nil {
 		return sandbox.Endpoint{}, err
 	}

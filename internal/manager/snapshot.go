@@ -20,9 +20,10 @@ func (m *Manager) snapshotDir(id string) string { return filepath.Join(m.cfg.Dat
 
 var snapshotNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
 
-// findSnapshot looks a snapshot up by id, then by name.
+// findSnapshot looks a snapshot of the request's team up by id, then by
+// name.
 func (m *Manager) findSnapshot(ctx context.Context, idOrName string) (*sandbox.Snapshot, error) {
-	if sn, err := m.st.GetSnapshot(ctx, idOrName); err == nil {
+	if sn, err := m.st.GetSnapshot(ctx, idOrName); err == nil && sandbox.Sees(ctx, sn.Team) {
 		return sn, nil
 	}
 	all, err := m.st.ListSnapshots(ctx)
@@ -30,7 +31,7 @@ func (m *Manager) findSnapshot(ctx context.Context, idOrName string) (*sandbox.S
 		return nil, err
 	}
 	for _, sn := range all {
-		if slices.Contains(sn.Names, idOrName) {
+		if slices.Contains(sn.Names, idOrName) && sandbox.Sees(ctx, sn.Team) {
 			return sn, nil
 		}
 	}
@@ -83,7 +84,7 @@ func checkName(name string) error {
 // Snapshot saves the sandbox's whole state (memory, processes, files,
 // sockets) as a new snapshot; the sandbox keeps running.
 func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snapshot, error) {
-	l, err := m.begin(id, "taking a snapshot of it", running)
+	l, err := m.begin(ctx, id, "taking a snapshot of it", running)
 	if err != nil {
 		return nil, err
 	}
@@ -94,14 +95,14 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snaps
 	if err := m.checkDiskRoom(ctx); err != nil {
 		return nil, err
 	}
-	sid := "snap" + sandbox.NewID()[:16]
+	sid := m.ids.SnapshotID()
 	dir := m.snapshotDir(sid)
 	if err := m.checkpoint(ctx, l, dir); err != nil {
 		return nil, err
 	}
 	lim := m.limits(l.rec)
 	sn := &sandbox.Snapshot{
-		ID: sid, Names: []string{}, ParentID: l.rec.BaseSnapshot, SandboxID: id, TemplateID: l.rec.TemplateID,
+		ID: sid, Team: l.rec.Team, Names: []string{}, ParentID: l.rec.BaseSnapshot, SandboxID: id, TemplateID: l.rec.TemplateID,
 		Rootfs: l.rec.Rootfs, Image: dir, SizeBytes: imageSize(dir), CreatedAt: time.Now().UTC(),
 		Envs: maps.Clone(l.rec.Envs), Network: l.rec.Network.Clone(),
 		CPUCount: lim.CPUCount, MemoryMB: lim.MemoryMB, DiskMB: lim.DiskMB, PidsMax: lim.PidsMax, OpenFiles: lim.OpenFiles,
@@ -150,9 +151,11 @@ func (m *Manager) recordSnapshot(ctx context.Context, sn *sandbox.Snapshot) erro
 	return m.st.PutSnapshot(ctx, sn)
 }
 
-// ListSnapshots returns every snapshot, oldest first.
+// ListSnapshots returns every snapshot (of the request's team), oldest
+// first.
 func (m *Manager) ListSnapshots(ctx context.Context) ([]*sandbox.Snapshot, error) {
 	all, err := m.st.ListSnapshots(ctx)
+	all = slices.DeleteFunc(all, func(sn *sandbox.Snapshot) bool { return !sandbox.Sees(ctx, sn.Team) })
 	slices.SortFunc(all, func(a, b *sandbox.Snapshot) int {
 		return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.ID, b.ID))
 	})

@@ -95,6 +95,13 @@ func (l *Live) setPhase(p phase) {
 	})
 }
 
+// team returns the sandbox's team (never changes).
+func (l *Live) team() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rec.Team
+}
+
 // record returns a copy of the record, nil once dead.
 func (l *Live) record() *sandbox.Sandbox {
 	l.mu.Lock()

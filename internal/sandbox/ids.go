@@ -24,3 +24,31 @@ func RandomHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// IDs mints sandbox and snapshot ids and sandbox access tokens. One host
+// mints random ones (RandomIDs); a cluster host mints ids that say where
+// the sandbox lives, and derives tokens any gateway can check
+// (internal/ids).
+type IDs interface {
+	SandboxID() string
+	SnapshotID() string
+	Token(sandboxID string) string
+	// Own reports whether id was minted here, so a create may ask for it
+	// (the gateway that placed the sandbox minted it).
+	Own(sandboxID string) bool
+}
+
+// RandomIDs are a single host's ids and tokens.
+type RandomIDs struct{}
+
+// SandboxID returns a random E2B-like id.
+func (RandomIDs) SandboxID() string { return NewID() }
+
+// SnapshotID returns a random snapshot id.
+func (RandomIDs) SnapshotID() string { return "snap" + NewID()[:16] }
+
+// Token returns a random token.
+func (RandomIDs) Token(string) string { return RandomHex(16) }
+
+// Own is false: a single host takes no ids from outside.
+func (RandomIDs) Own(string) bool { return false }

@@ -9,6 +9,10 @@ import (
 // CreateRequest is what a caller may choose about a new sandbox. Zero values
 // mean the defaults.
 type CreateRequest struct {
+	// ID is the id to create it under (minted by the gateway that placed
+	// it: IDs.Own); "" mints one. A create with the id of a sandbox that
+	// exists answers that sandbox: creates are idempotent by id.
+	ID         string
 	TemplateID string
 	Timeout    time.Duration
 	Metadata   map[string]string

@@ -20,6 +20,7 @@ const (
 // Sandbox is the durable record of one sandbox.
 type Sandbox struct {
 	ID          string
+	Team        string // the team it belongs to ("" on a single host)
 	TemplateID  string // as the caller asked for it (alias kept)
 	RuntimeID   string // runsc container id; fixed length, never a prefix of another
 	State       State
@@ -86,6 +87,7 @@ var DefaultNetwork = Network{AllowInternet: true, AllowPublicTraffic: true}
 // tree through ParentID.
 type Snapshot struct {
 	ID         string
+	Team       string // the team it belongs to ("" on a single host)
 	Names      []string
 	ParentID   string // snapshot the source sandbox's state came from
 	SandboxID  string // sandbox it was taken from

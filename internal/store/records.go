@@ -18,6 +18,7 @@ const recordVersion = 1
 type sandboxRecord struct {
 	V            int               `json:"v"`
 	ID           string            `json:"ID"`
+	Team         string            `json:"Team,omitempty"`
 	TemplateID   string            `json:"TemplateID"`
 	RuntimeID    string            `json:"RuntimeID"`
 	State        string            `json:"State"`
@@ -54,6 +55,7 @@ type networkRecord struct {
 type snapshotRecord struct {
 	V          int               `json:"v"`
 	ID         string            `json:"ID"`
+	Team       string            `json:"Team,omitempty"`
 	Names      []string          `json:"Names"`
 	ParentID   string            `json:"ParentID"`
 	SandboxID  string            `json:"SandboxID"`
@@ -89,7 +91,7 @@ func (r networkRecord) domain() sandbox.Network {
 
 func sandboxToRecord(s *sandbox.Sandbox) *sandboxRecord {
 	return &sandboxRecord{
-		V: recordVersion, ID: s.ID, TemplateID: s.TemplateID, RuntimeID: s.RuntimeID, State: string(s.State),
+		V: recordVersion, ID: s.ID, Team: s.Team, TemplateID: s.TemplateID, RuntimeID: s.RuntimeID, State: string(s.State),
 		StartedAt: s.StartedAt, EndAt: s.EndAt, Metadata: s.Metadata, Envs: s.Envs,
 		CPUCount: s.CPUCount, MemoryMB: s.MemoryMB, DiskSizeMB: s.DiskSizeMB, PidsMax: s.PidsMax, OpenFiles: s.OpenFiles,
 		AccessToken: s.AccessToken, OnTimeout: s.OnTimeout, AutoResume: s.AutoResume, AutoPauseFS: s.AutoPauseFiles,
@@ -103,7 +105,7 @@ func (r *sandboxRecord) domain() (*sandbox.Sandbox, error) {
 		return nil, err
 	}
 	return &sandbox.Sandbox{
-		ID: r.ID, TemplateID: r.TemplateID, RuntimeID: r.RuntimeID, State: sandbox.State(r.State),
+		ID: r.ID, Team: r.Team, TemplateID: r.TemplateID, RuntimeID: r.RuntimeID, State: sandbox.State(r.State),
 		StartedAt: r.StartedAt, EndAt: r.EndAt, Metadata: r.Metadata, Envs: r.Envs,
 		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB, PidsMax: r.PidsMax, OpenFiles: r.OpenFiles,
 		AccessToken: r.AccessToken, OnTimeout: r.OnTimeout, AutoResume: r.AutoResume, AutoPauseFiles: r.AutoPauseFS,
@@ -114,7 +116,7 @@ func (r *sandboxRecord) domain() (*sandbox.Sandbox, error) {
 
 func snapshotToRecord(s *sandbox.Snapshot) *snapshotRecord {
 	return &snapshotRecord{
-		V: recordVersion, ID: s.ID, Names: s.Names, ParentID: s.ParentID, SandboxID: s.SandboxID, TemplateID: s.TemplateID,
+		V: recordVersion, ID: s.ID, Team: s.Team, Names: s.Names, ParentID: s.ParentID, SandboxID: s.SandboxID, TemplateID: s.TemplateID,
 		Rootfs: s.Rootfs, Image: s.Image, SizeBytes: s.SizeBytes, CreatedAt: s.CreatedAt, Envs: s.Envs,
 		CPUCount: s.CPUCount, MemoryMB: s.MemoryMB, DiskMB: s.DiskMB, PidsMax: s.PidsMax, OpenFiles: s.OpenFiles,
 		Network: netRecord(s.Network),
@@ -126,7 +128,7 @@ func (r *snapshotRecord) domain() (*sandbox.Snapshot, error) {
 		return nil, err
 	}
 	return &sandbox.Snapshot{
-		ID: r.ID, Names: r.Names, ParentID: r.ParentID, SandboxID: r.SandboxID, TemplateID: r.TemplateID,
+		ID: r.ID, Team: r.Team, Names: r.Names, ParentID: r.ParentID, SandboxID: r.SandboxID, TemplateID: r.TemplateID,
 		Rootfs: r.Rootfs, Image: r.Image, SizeBytes: r.SizeBytes, CreatedAt: r.CreatedAt, Envs: r.Envs,
 		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, PidsMax: r.PidsMax, OpenFiles: r.OpenFiles,
 		Network: r.Network.domain(),
