@@ -211,7 +211,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	req := sandbox.CreateRequest{TemplateID: *b.TemplateID, Metadata: b.Metadata, Envs: b.EnvVars,
+	req := sandbox.CreateRequest{ID: mintOf(r.Context()), TemplateID: *b.TemplateID, Metadata: b.Metadata, Envs: b.EnvVars,
 		Limits: limits, OnTimeout: b.onTimeout(), AutoResume: b.AutoResume != nil && b.AutoResume.Enabled,
 		AutoPauseFiles: b.AutoPauseMemory != nil && !*b.AutoPauseMemory}
 	if b.Network != nil || b.AllowInternetAccess != nil {
@@ -570,4 +570,18 @@ func (f *listFilter) match(sb *sandbox.Sandbox) bool {
 		}
 	}
 	return true
+}
+
+// ListedDoc is a sandbox as a list shows it (E2B's ListedSandbox): what a
+// cluster host writes into its row, so that a gateway lists without
+// asking hosts.
+func ListedDoc(sb *sandbox.Sandbox) json.RawMessage {
+	b, _ := json.Marshal(listedJSON(sb))
+	return b
+}
+
+// SnapshotDoc is a snapshot as the API shows it.
+func SnapshotDoc(sn *sandbox.Snapshot) json.RawMessage {
+	b, _ := json.Marshal(snapshotJSON(sn))
+	return b
 }

@@ -6,6 +6,7 @@ package api
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
@@ -29,7 +30,53 @@ type Config struct {
 	APIKeys        []string
 	Domain         string // sandbox domain reported to SDKs; "" = null
 	MaxUploadBytes int64
+	// Auth decides who a request comes from; nil: the API keys above (a
+	// single host).
+	Auth Authenticator
 }
+
+// Authenticator decides who a request comes from.
+type Authenticator interface {
+	// Control authenticates a control-plane request: it returns the
+	// context the request runs in (scoped to its team, see
+	// sandbox.WithTeam; with the id a create is to take, see WithMint),
+	// or a message for a 401.
+	Control(r *http.Request) (context.Context, string)
+	// DataPlane vets where a data-plane request comes from: "" to go on
+	// (the sandbox's tokens are checked after), or a message for a 401.
+	DataPlane(r *http.Request) string
+}
+
+type mintKey struct{}
+
+// WithMint says the create in ctx is to take id (minted by the gateway
+// that placed it).
+func WithMint(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, mintKey{}, id)
+}
+
+func mintOf(ctx context.Context) string {
+	id, _ := ctx.Value(mintKey{}).(string)
+	return id
+}
+
+// keyAuth is a single host's: one of its API keys in X-API-KEY.
+type keyAuth struct{ keys []string }
+
+func (a keyAuth) Control(r *http.Request) (context.Context, string) {
+	key := r.Header.Get("X-API-KEY")
+	if key == "" {
+		return nil, "missing API key: send it in the X-API-KEY header"
+	}
+	for _, k := range a.keys {
+		if subtle.ConstantTimeCompare([]byte(k), []byte(key)) == 1 {
+			return r.Context(), ""
+		}
+	}
+	return nil, "invalid API key"
+}
+
+func (keyAuth) DataPlane(*http.Request) string { return "" }
 
 // Server is the daemon's http.Handler. Safe for concurrent use.
 type Server struct {
@@ -41,6 +88,9 @@ type Server struct {
 
 // New returns the handler.
 func New(cfg Config, m Backend, log *slog.Logger) *Server {
+	if cfg.Auth == nil {
+		cfg.Auth = keyAuth{cfg.APIKeys}
+	}
 	s := &Server{cfg: cfg, m: m, log: log, mux: http.NewServeMux()}
 	s.routes()
 	return s
@@ -53,23 +103,60 @@ const requestIDKey ctxKey = 0
 // ServeHTTP assigns a request id, records phases into Server-Timing, and
 // dispatches to the data plane or the control plane.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	Observe(s.log, w, r, func(w http.ResponseWriter, r *http.Request, id string) {
+		if t, ok := dataPlaneTarget(r); ok {
+			if msg := s.cfg.Auth.DataPlane(r); msg != "" {
+				proxyError(w, id, t.sandboxID, http.StatusUnauthorized, msg)
+			} else {
+				s.proxy(w, r, t, id)
+			}
+		} else if r, ok := s.authorized(w, r, id); ok {
+			s.mux.ServeHTTP(w, r)
+		}
+	})
+}
+
+// Observe serves a request through serve with a request id (X-Request-Id
+// on the response, and on the request for handlers that log; never
+// forwarded as trust) and the phases recorded into Server-Timing, and logs
+// it. The gateway serves through it too.
+func Observe(log *slog.Logger, w http.ResponseWriter, r *http.Request, serve func(w http.ResponseWriter, r *http.Request, reqID string)) {
 	start := time.Now()
 	ctx, rec := timing.With(r.Context())
 	id := newRequestID()
 	tw := &timedWriter{ResponseWriter: w, rec: rec, start: start}
 	tw.Header().Set("X-Request-Id", id)
 	r = r.WithContext(ctx)
-	r.Header.Set("X-Request-Id", id) // for handlers that log; never forwarded as trust
-	if t, ok := dataPlaneTarget(r); ok {
-		s.proxy(tw, r, t, id)
-	} else if s.authorized(tw, r, id) {
-		s.mux.ServeHTTP(tw, r)
-	}
+	r.Header.Set("X-Request-Id", id)
+	serve(tw, r, id)
 	if !tw.wrote {
 		tw.WriteHeader(http.StatusOK)
 	}
-	s.log.Debug("request", "request.id", id, "method", r.Method, "path", r.URL.Path,
+	log.Debug("request", "request.id", id, "method", r.Method, "path", r.URL.Path,
 		"status", tw.status, "ms", float64(time.Since(start).Microseconds())/1000)
+}
+
+// WriteError answers with the E2B error shape.
+func WriteError(w http.ResponseWriter, reqID string, status int, msg string) {
+	writeError(w, reqID, status, msg)
+}
+
+// Fail answers with err's class and caller-facing message (Retry-After on
+// a 503); internal detail goes to log only.
+func Fail(log *slog.Logger, w http.ResponseWriter, r *http.Request, err error) {
+	(&Server{log: log}).fail(w, r, err)
+}
+
+// ProxyError answers a data-plane request the way the SDKs understand.
+func ProxyError(w http.ResponseWriter, reqID, sandboxID string, status int, msg string) {
+	proxyError(w, reqID, sandboxID, status, msg)
+}
+
+// DataPlaneTarget finds the sandbox and port a data-plane request is for
+// (E2B's routing headers, or the Host {port}-{id}.{domain}).
+func DataPlaneTarget(r *http.Request) (sandboxID string, port int, ok bool) {
+	t, ok := dataPlaneTarget(r)
+	return t.sandboxID, t.port, ok
 }
 
 func newRequestID() string {
@@ -129,23 +216,18 @@ func (w *timedWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return http.NewResponseController(w.ResponseWriter).Hijack()
 }
 
-// authorized checks X-API-KEY on control-plane requests.
-func (s *Server) authorized(w http.ResponseWriter, r *http.Request, reqID string) bool {
+// authorized authenticates a control-plane request and returns it in the
+// context it runs in.
+func (s *Server) authorized(w http.ResponseWriter, r *http.Request, reqID string) (*http.Request, bool) {
 	if r.URL.Path == "/health" || r.URL.Path == "/openapi.yaml" {
-		return true
+		return r, true
 	}
-	key := r.Header.Get("X-API-KEY")
-	if key == "" {
-		writeError(w, reqID, http.StatusUnauthorized, "missing API key: send it in the X-API-KEY header")
-		return false
+	ctx, msg := s.cfg.Auth.Control(r)
+	if msg != "" {
+		writeError(w, reqID, http.StatusUnauthorized, msg)
+		return r, false
 	}
-	for _, k := range s.cfg.APIKeys {
-		if subtle.ConstantTimeCompare([]byte(k), []byte(key)) == 1 {
-			return true
-		}
-	}
-	writeError(w, reqID, http.StatusUnauthorized, "invalid API key")
-	return false
+	return r.WithContext(ctx), true
 }
 
 // errorBody is the E2B error shape (code = HTTP status) plus our request id.

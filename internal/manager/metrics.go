@@ -110,3 +110,28 @@ func (m *Manager) sampleLoop() {
 		}
 	}
 }
+
+// Usage is what the host's sandboxes hold: how many, the memory of those
+// with a box, and starts waiting or running.
+type Usage struct {
+	Sandboxes int
+	MemoryMB  int64
+	Starting  int
+}
+
+// Usage reports what the host's sandboxes hold.
+func (m *Manager) Usage() Usage {
+	var u Usage
+	for _, l := range m.lives() {
+		l.mu.Lock()
+		if l.phase != dead {
+			u.Sandboxes++
+			if l.box != nil {
+				u.MemoryMB += int64(l.rec.MemoryMB)
+			}
+		}
+		l.mu.Unlock()
+	}
+	u.Starting = m.adm.Pending()
+	return u
+}

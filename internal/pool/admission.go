@@ -109,5 +109,8 @@ func (a *Admission) TryAcquire(speculative bool) (func(), bool) {
 
 func (a *Admission) release() { <-a.slots }
 
+// Pending counts the starts running or waiting.
+func (a *Admission) Pending() int { return len(a.slots) + len(a.waiting) }
+
 // Idle reports whether no start runs or waits.
 func (a *Admission) Idle() bool { return len(a.slots) == 0 && a.foreground.Load() == 0 }

@@ -1,0 +1,243 @@
+package clusterhost
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/api"
+	"github.com/cellfork/cellfork/internal/clusterdb"
+	"github.com/cellfork/cellfork/internal/errdefs"
+)
+
+// syncLoop writes the marked sandboxes' and snapshots' rows, retrying
+// while the database does not answer.
+func (m *Member) syncLoop(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.kick:
+		case <-time.After(time.Second):
+		}
+		if m.db == nil {
+			continue
+		}
+		if err := m.flush(ctx); err != nil {
+			if ctx.Err() == nil {
+				m.log.Debug("cluster sync deferred", "err", err)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+	}
+}
+
+// take removes and returns the marked ids of set.
+func (m *Member) take(set map[string]bool) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]string, 0, len(set))
+	for id := range set {
+		out = append(out, id)
+		delete(set, id)
+	}
+	return out
+}
+
+// flush syncs what is marked; what fails for want of the database is
+// marked again.
+func (m *Member) flush(ctx context.Context) error {
+	var firstErr error
+	for _, id := range m.take(m.dirty) {
+		if err := m.syncSandbox(ctx, id); err != nil {
+			m.mark(m.dirty, id)
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+	}
+	for _, id := range m.take(m.snaps) {
+		if err := m.syncSnapshot(ctx, id); err != nil {
+			m.mark(m.snaps, id)
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+	}
+	return firstErr
+}
+
+func (m *Member) syncSandbox(ctx context.Context, id string) error {
+	slot := m.Slot()
+	rec, err := m.local.Get(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return m.db.Forget(ctx, id, slot)
+	}
+	if err != nil {
+		return err
+	}
+	row := clusterdb.Sandbox{ID: rec.ID, Team: rec.Team, Region: m.region(), HostSlot: slot, State: string(rec.State),
+		MemoryMB: rec.MemoryMB, TemplateID: rec.TemplateID, StartedAt: rec.StartedAt, EndAt: rec.EndAt,
+		Metadata: rec.Metadata, Doc: api.ListedDoc(rec)}
+	switch err := m.db.Sync(ctx, row); {
+	case errors.Is(err, clusterdb.ErrStale):
+		// Another host runs it now: this copy must never answer again.
+		m.host.Drop(ctx, id, "it moved to another host")
+		return nil
+	case errors.Is(err, clusterdb.ErrTeamLimit):
+		m.host.Drop(ctx, id, "its team is at its limit of running sandboxes")
+		return nil
+	case errors.Is(err, clusterdb.ErrNoTeam):
+		m.host.Drop(ctx, id, "its team does not exist")
+		return nil
+	default:
+		return err
+	}
+}
+
+func (m *Member) region() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.st.Region
+}
+
+func (m *Member) syncSnapshot(ctx context.Context, id string) error {
+	sn, err := m.local.GetSnapshot(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return m.db.ForgetSnapshot(ctx, id)
+	}
+	if err != nil {
+		return err
+	}
+	return m.db.SyncSnapshot(ctx, clusterdb.Snapshot{ID: sn.ID, Team: sn.Team, Region: m.region(), HostSlot: m.Slot(),
+		SandboxID: sn.SandboxID, Names: sn.Names, CreatedAt: sn.CreatedAt, Doc: api.SnapshotDoc(sn)})
+}
+
+// heartbeatLoop renews the lease and reports the host's capacity. A host
+// declared lost (fenced) registers again, under a new epoch, and syncs
+// everything: what moved on meanwhile is dropped.
+func (m *Member) heartbeatLoop(ctx context.Context) {
+	t := time.NewTicker(m.cfg.Heartbeat)
+	defer t.Stop()
+	var lastWarn time.Time
+	for {
+		err := m.beat(ctx)
+		switch {
+		case errors.Is(err, clusterdb.ErrFenced):
+			m.log.Warn("this host was declared lost; registering again")
+			if err = m.register(ctx); err == nil {
+				m.markAll(ctx)
+				err = m.beat(ctx)
+			}
+		case errors.Is(err, errNoDB):
+			if err = m.register(ctx); err == nil {
+				m.markAll(ctx)
+			}
+		}
+		if err != nil && ctx.Err() == nil && time.Since(lastWarn) > time.Minute {
+			m.log.Warn("cluster heartbeat failed; sandboxes keep running", "err", err)
+			lastWarn = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (m *Member) beat(ctx context.Context) error {
+	if m.db == nil {
+		return errNoDB
+	}
+	sandboxes, memMB, starting := m.host.Usage()
+	ps := m.host.PoolStats()
+	standbys := []string{}
+	for id, ready := range ps.Standbys {
+		if ready > 0 {
+			standbys = append(standbys, id)
+		}
+	}
+	m.mu.Lock()
+	h := clusterdb.Host{Slot: m.st.Slot, Epoch: m.st.Epoch}
+	m.mu.Unlock()
+	h.CPUs = runtime.NumCPU()
+	h.MemTotalMB = memTotalMB()
+	h.MemAllocMB = memMB
+	h.DiskFreeMB = diskFreeMB(m.cfg.DataDir)
+	h.StartQueue = starting
+	h.Versions = versions()
+	h.CPUFeatures = cpuFeatures()
+	h.Capacity = clusterdb.Capacity{Ready: ps.Ready, Standbys: standbys, Sandboxes: sandboxes, Pending: starting}
+	hctx, cancel := context.WithTimeout(ctx, m.cfg.Heartbeat)
+	defer cancel()
+	return m.db.Heartbeat(hctx, h, m.cfg.TTL)
+}
+
+func memTotalMB() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var kb int64
+		if n, _ := fmt.Sscanf(sc.Text(), "MemTotal: %d kB", &kb); n == 1 {
+			return kb >> 10
+		}
+	}
+	return 0
+}
+
+func diskFreeMB(dir string) int64 {
+	var fs syscall.Statfs_t
+	if syscall.Statfs(dir, &fs) != nil {
+		return 0
+	}
+	return int64(fs.Bavail) * fs.Bsize >> 20
+}
+
+var cachedFeatures []string
+
+// cpuFeatures are the CPU's flags (a checkpoint restores only where the
+// CPU has the features it was taken with).
+func cpuFeatures() []string {
+	if cachedFeatures != nil {
+		return cachedFeatures
+	}
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "flags" {
+			cachedFeatures = strings.Fields(v)
+			break
+		}
+	}
+	if cachedFeatures == nil {
+		cachedFeatures = []string{}
+	}
+	return cachedFeatures
+}
+
+// versions are what an image depends on: runsc's build.
+func versions() map[string]string {
+	out := map[string]string{"envd": api.EnvdVersion}
+	if b, err := os.ReadFile("/usr/local/lib/cellfork/runsc.version"); err == nil {
+		out["runsc"] = strings.TrimSpace(string(b))
+	}
+	return out
+}
