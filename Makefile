@@ -4,7 +4,7 @@ DATA_DIR ?= /var/lib/cellfork
 ADDR ?= 127.0.0.1:3000
 GO_BUILD := CGO_ENABLED=0 go build -trimpath
 
-.PHONY: all setup build template demo stop test bench security-report generate clean
+.PHONY: all setup build template demo stop test bench security-report generate clean cluster-demo
 
 all: build
 
@@ -47,3 +47,5 @@ generate:
 
 clean:
 	rm -rf bin
+cluster-demo: build
+	@go run ./test/cluster/demo

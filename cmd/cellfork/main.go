@@ -23,6 +23,10 @@ func main() {
 			os.Exit(serve(ctx, args[1:]))
 		case "template":
 			os.Exit(templateCmd(ctx, args[1:]))
+		case "gateway":
+			os.Exit(gatewayCmd(ctx, args[1:]))
+		case "admin":
+			os.Exit(adminCmd(ctx, args[1:], os.Stdout))
 		}
 	}
 	os.Exit(cli.Main(ctx, args, os.Stdout, os.Stderr))

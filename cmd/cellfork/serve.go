@@ -73,6 +73,9 @@ func serve(ctx context.Context, args []string) int {
 	fs.IntVar(&cfg.MaxFork, "max-fork", 64, "largest fork count")
 	fs.DurationVar(&cfg.SpillAfter, "spill-after", 10*time.Second, "how long a paused sandbox stays frozen in memory before it is written to disk")
 	dns := fs.String("dns", os.Getenv("CELLFORK_DNS"), "upstream resolvers (host:port, comma-separated) that answer the sandboxes' DNS (default: the host's /etc/resolv.conf; env CELLFORK_DNS)")
+	fs.StringVar(&cfg.Cluster.URL, "cluster", os.Getenv("CELLFORK_CLUSTER"), "join the cluster whose PostgreSQL database this URL names (env CELLFORK_CLUSTER); without it the daemon is a single host")
+	fs.StringVar(&cfg.Cluster.Region, "region", envOr("CELLFORK_REGION", ""), "with --cluster: the region this host is in (its name in the cluster's region table)")
+	fs.StringVar(&cfg.Cluster.Advertise, "advertise", os.Getenv("CELLFORK_ADVERTISE"), "with --cluster: the host:port gateways reach this host at (default --addr)")
 	verbose := fs.Bool("v", false, "log every request")
 	if err := fs.Parse(args); err != nil {
 		return 2

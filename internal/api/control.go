@@ -585,3 +585,40 @@ func SnapshotDoc(sn *sandbox.Snapshot) json.RawMessage {
 	b, _ := json.Marshal(snapshotJSON(sn))
 	return b
 }
+
+// ListQuery is a sandbox list's query (GET /v2/sandboxes), parsed and
+// checked as this API does: the gateway lists from the cluster database
+// with it.
+type ListQuery struct {
+	Metadata     map[string]string
+	States       []string
+	Template     string
+	Desc         bool
+	AfterStarted time.Time // the page token's sandbox (zero: first page)
+	AfterID      string
+	Limit        int
+	StartedAfter time.Time
+}
+
+// ParseList parses a list's query string.
+func ParseList(q url.Values) (ListQuery, error) {
+	f, err := parseListFilter(q)
+	if err != nil {
+		return ListQuery{}, err
+	}
+	lq := ListQuery{Metadata: f.metadata, States: f.states, Template: f.template, Desc: f.desc, Limit: f.limit, StartedAfter: f.started}
+	if f.after != "" {
+		ns, id, _ := strings.Cut(f.after, ":")
+		n, err := strconv.ParseInt(ns, 10, 64)
+		if err != nil {
+			return ListQuery{}, errdefs.New(errdefs.ErrInvalidArgument, "invalid nextToken")
+		}
+		lq.AfterStarted, lq.AfterID = time.Unix(0, n), id
+	}
+	return lq, nil
+}
+
+// PageToken is the nextToken continuing after a sandbox.
+func PageToken(started time.Time, id string) string {
+	return pageToken(&sandbox.Sandbox{StartedAt: started, ID: id})
+}

@@ -14,3 +14,6 @@ func serveOpenAPI(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/yaml")
 	_, _ = w.Write(OpenAPI)
 }
+
+// ServeOpenAPI serves the API's OpenAPI document.
+func ServeOpenAPI(w http.ResponseWriter, r *http.Request) { serveOpenAPI(w, r) }

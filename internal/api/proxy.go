@@ -233,3 +233,13 @@ func checkSignature(r *http.Request, token string) string {
 	}
 	return ""
 }
+
+// CheckToken checks a data-plane request to an agent port (envd, the code
+// interpreter) against a sandbox's token: a token header, or a signed
+// /files URL. It returns "" when allowed, else why not. /health is open.
+func CheckToken(r *http.Request, port int, token string) string {
+	if port != envd.Port && port != envd.CodeInterpreterPort {
+		return "" // a user port: its sandbox decides (allowPublicTraffic)
+	}
+	return (&Server{}).checkAccess(r, target{port: port}, &sandbox.Sandbox{AccessToken: token, Network: sandbox.Network{AllowPublicTraffic: true}})
+}

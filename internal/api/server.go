@@ -265,6 +265,10 @@ func statusOf(err error) int {
 		return http.StatusServiceUnavailable
 	case errors.Is(err, errdefs.ErrUnauthenticated):
 		return http.StatusUnauthorized
+	case errors.Is(err, errdefs.ErrPermissionDenied):
+		return http.StatusForbidden
+	case errors.Is(err, errdefs.ErrLimitReached):
+		return http.StatusTooManyRequests
 	}
 	return http.StatusInternalServerError
 }
@@ -294,3 +298,6 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func requestID(w http.ResponseWriter) string { return w.Header().Get("X-Request-Id") }
+
+// WriteJSON answers with v as JSON.
+func WriteJSON(w http.ResponseWriter, status int, v any) { writeJSON(w, status, v) }

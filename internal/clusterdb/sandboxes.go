@@ -146,6 +146,33 @@ func (db *DB) Sync(ctx context.Context, s Sandbox) error {
 	return unavailable(tx.Commit(ctx))
 }
 
+// ExpireCreating gives back the reservations of creates that never reached
+// their host (a gateway that died mid create): rows still creating after
+// age. It returns how many.
+func (db *DB) ExpireCreating(ctx context.Context, age time.Duration) (int, error) {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return 0, unavailable(err)
+	}
+	defer tx.Rollback(ctx)
+	rows, err := tx.Query(ctx, `DELETE FROM sandboxes WHERE state = 'creating' AND updated_at < now() - $1 * interval '1 millisecond'
+		RETURNING host_slot, memory_mb`, age.Milliseconds())
+	if err != nil {
+		return 0, unavailable(err)
+	}
+	var slots, mems []int
+	var s, m int
+	if _, err := pgx.ForEachRow(rows, []any{&s, &m}, func() error { slots = append(slots, s); mems = append(mems, m); return nil }); err != nil {
+		return 0, unavailable(err)
+	}
+	for i := range slots {
+		if _, err := tx.Exec(ctx, `UPDATE hosts SET mem_alloc_mb = greatest(mem_alloc_mb - $2, 0) WHERE slot = $1`, slots[i], mems[i]); err != nil {
+			return 0, unavailable(err)
+		}
+	}
+	return len(slots), unavailable(tx.Commit(ctx))
+}
+
 // Forget deletes a sandbox's row, if host slot holds it.
 func (db *DB) Forget(ctx context.Context, id string, slot int) error {
 	_, err := db.pool.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1 AND host_slot = $2`, id, slot)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/cellfork/cellfork/internal/api"
 	"github.com/cellfork/cellfork/internal/box"
+	"github.com/cellfork/cellfork/internal/clusterhost"
 	"github.com/cellfork/cellfork/internal/manager"
 	"github.com/cellfork/cellfork/internal/netns"
 	"github.com/cellfork/cellfork/internal/runtime/gvisor"
@@ -48,6 +49,8 @@ type Config struct {
 	// DNS are the upstream resolvers answering the sandboxes' resolvers;
 	// empty means the host's /etc/resolv.conf.
 	DNS []string
+	// Cluster, with a URL, makes the daemon a host of a cluster.
+	Cluster clusterhost.Config
 }
 
 // Validate rejects configurations that cannot work.
@@ -63,6 +66,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("--max-upload-mb must be positive"))
 	}
 	errs = append(errs, c.validateLimits()...)
+	if c.Cluster.URL != "" && c.Cluster.Region == "" {
+		errs = append(errs, errors.New("--cluster needs --region (the region this host is in)"))
+	}
 	if c.DefaultTimeout <= 0 || c.DefaultTimeout > c.MaxTimeout {
 		errs = append(errs, errors.New("--default-timeout must be positive and at most --max-timeout"))
 	}
@@ -106,7 +112,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		return err
 	}
 	defer unlock()
-	if len(cfg.APIKeys) == 0 {
+	clustered := cfg.Cluster.URL != ""
+	if len(cfg.APIKeys) == 0 && !clustered {
 		key, created, err := loadOrCreateKey(filepath.Join(cfg.DataDir, "api-key"))
 		if err != nil {
 			return err
@@ -151,10 +158,25 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	if err := netns.SetupHost(hostNets); err != nil {
 		return err
 	}
-	m := manager.New(cfg.Config, manager.Deps{
+	deps := manager.Deps{
 		Runtime: rt, Store: st, Templates: tpl, Log: log, Agent: box.HTTPAgent{},
 		Networks: netns.NewHost(netns.Config{HostBlocked: hostNets, DNS: cfg.DNS}),
-	})
+	}
+	apiCfg := api.Config{APIKeys: cfg.APIKeys, Domain: cfg.Domain, MaxUploadBytes: cfg.MaxUploadBytes}
+	var member *clusterhost.Member
+	if clustered {
+		cfg.Cluster.DataDir = cfg.DataDir
+		if cfg.Cluster.Advertise == "" {
+			cfg.Cluster.Advertise = cfg.Addr
+		}
+		if member, err = clusterhost.Join(ctx, cfg.Cluster, log); err != nil {
+			return err
+		}
+		defer member.Close()
+		deps.Store, deps.IDs, apiCfg.Auth = member.Store(st), member.IDs(), member.Auth()
+		fmt.Fprintf(out, "cellfork: host slot %d of the cluster, region %s\n", member.Slot(), cfg.Cluster.Region)
+	}
+	m := manager.New(cfg.Config, deps)
 	if err := m.Reconcile(ctx); err != nil {
 		log.Warn("reconcile incomplete", "err", err)
 	}
@@ -162,9 +184,25 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		return fmt.Errorf("starting: %w", err)
 	}
 	defer m.Close()
-	h := api.New(api.Config{APIKeys: cfg.APIKeys, Domain: cfg.Domain, MaxUploadBytes: cfg.MaxUploadBytes}, m, log)
-	return serve(ctx, cfg.Addr, h, log, out)
+	if member != nil {
+		mctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		member.Start(mctx, hostView{m})
+	}
+	return serve(ctx, cfg.Addr, api.New(apiCfg, m, log), log, out)
 }
+
+// hostView is what a cluster member needs of the manager.
+type hostView struct{ m *manager.Manager }
+
+func (h hostView) Usage() (int, int64, int) {
+	u := h.m.Usage()
+	return u.Sandboxes, u.MemoryMB, u.Starting
+}
+
+func (h hostView) PoolStats() sandbox.PoolStats { return h.m.PoolStats() }
+
+func (h hostView) Drop(ctx context.Context, id, why string) { h.m.Drop(ctx, id, why) }
 
 func serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger, out io.Writer) error {
 	ln, err := net.Listen("tcp", addr)

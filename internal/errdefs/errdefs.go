@@ -17,6 +17,8 @@ var (
 	ErrResourceExhausted  = errors.New("resource exhausted")
 	ErrUnavailable        = errors.New("unavailable")
 	ErrUnauthenticated    = errors.New("unauthenticated")
+	ErrPermissionDenied   = errors.New("permission denied")
+	ErrLimitReached       = errors.New("limit reached") // a quota, not the machine's capacity
 )
 
 // userError carries a message meant for the API caller next to its class.

@@ -423,3 +423,20 @@ func (m *Manager) PoolStats() sandbox.PoolStats {
 	st := m.pool.Stats()
 	return sandbox.PoolStats{Ready: st.Ready, Shells: st.Shells, Standbys: st.Standbys}
 }
+
+// Drop kills a sandbox this host must not run any longer (a cluster host's
+// copy of a sandbox that moved on, or over its team's bound), and
+// remembers why, for the id's later callers.
+func (m *Manager) Drop(ctx context.Context, id, why string) {
+	l, err := m.begin(context.Background(), id, "dropping it", running, frozen, spilled)
+	if err != nil {
+		return
+	}
+	defer l.op.Unlock()
+	b := m.forget(l)
+	m.mu.Lock()
+	m.tombs[id] = tomb{reason: "dropped: " + why, at: time.Now()}
+	m.mu.Unlock()
+	m.log.Warn("sandbox dropped", "sandbox.id", id, "why", why)
+	_ = m.teardown(context.WithoutCancel(ctx), l.rec, b)
+}

@@ -1,0 +1,268 @@
+package main
+
+import (
+	"context"
+	"crypto"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/clusterdb"
+	"github.com/cellfork/cellfork/internal/gateway"
+	"github.com/cellfork/cellfork/internal/ids"
+)
+
+// gatewayCmd is `cellfork gateway`: the E2B API of a cluster's region.
+func gatewayCmd(ctx context.Context, args []string) int {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	addr := fs.String("addr", envOr("CELLFORK_ADDR", "127.0.0.1:3000"), "listen address (env CELLFORK_ADDR)")
+	url := fs.String("cluster", os.Getenv("CELLFORK_CLUSTER"), "the cluster's PostgreSQL URL (env CELLFORK_CLUSTER)")
+	region := fs.String("region", os.Getenv("CELLFORK_REGION"), "the region this gateway serves")
+	stateDir := fs.String("state-dir", envOr("CELLFORK_STATE_DIR", "/var/lib/cellfork-gateway"), "where the gateway keeps its cache (to start while PostgreSQL is down)")
+	memMB := fs.Int64("default-memory-mb", 1024, "memory placement counts for a create that does not say (the hosts' --default-memory-mb)")
+	var jwtKeys []crypto.PublicKey
+	fs.Func("jwt-public-key", "a PEM Ed25519 or ECDSA P-256 public key bearer tokens may be signed with (repeatable)", func(p string) error {
+		k, err := gateway.LoadJWTKey(p)
+		if err == nil {
+			jwtKeys = append(jwtKeys, k)
+		}
+		return err
+	})
+	verbose := fs.Bool("v", false, "log every request")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *url == "" || *region == "" {
+		return fatalf("gateway: --cluster and --region are required")
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if err := os.MkdirAll(*stateDir, 0o700); err != nil {
+		return fatalf("%v", err)
+	}
+	g := gateway.New(gateway.Config{URL: *url, Region: *region, StateDir: *stateDir, JWTKeys: jwtKeys,
+		DefaultMemoryMB: *memMB, Log: log})
+	if err := g.Start(ctx); err != nil {
+		return fatalf("%v", err)
+	}
+	defer g.Close()
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fatalf("listening on %s: %v", *addr, err)
+	}
+	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	fmt.Fprintf(os.Stderr, "cellfork: gateway of region %s listening on http://%s\n", *region, ln.Addr())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fatalf("%v", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	return 0
+}
+
+const adminUsage = `usage: cellfork admin [--cluster URL] COMMAND
+  init                                  create the schema and the cluster's keys
+  region add ID NAME [--groups a,b] [--gateway-url URL] [--domain D]
+  regions
+  team add ID [--max-sandboxes N] [--regions a,b] [--default-region R]
+  teams
+  key create TEAM NAME [--regions a,b]  print a new API key (shown once)
+  key revoke TEAM NAME
+  keys
+  hosts
+  cordon SLOT | drain SLOT | activate SLOT
+  rotate-token-key                      new sandbox tokens from a new key (the previous one still checks)
+`
+
+// adminCmd is `cellfork admin`: a cluster's hosts, regions, teams and
+// keys.
+func adminCmd(ctx context.Context, args []string, out io.Writer) int {
+	fs := flag.NewFlagSet("admin", flag.ContinueOnError)
+	url := fs.String("cluster", os.Getenv("CELLFORK_CLUSTER"), "the cluster's PostgreSQL URL (env CELLFORK_CLUSTER)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	fs.Usage = func() { fmt.Fprint(os.Stderr, adminUsage) }
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	rest := fs.Args()
+	if len(rest) == 0 || *url == "" {
+		fs.Usage()
+		return 2
+	}
+	db, err := clusterdb.Open(ctx, *url)
+	if err != nil {
+		return fatalf("%v", err)
+	}
+	defer db.Close()
+	if err := admin(ctx, db, rest, out, *asJSON); err != nil {
+		if errors.Is(err, errUsage) {
+			fmt.Fprint(os.Stderr, adminUsage)
+			return 2
+		}
+		return fatalf("%v", err)
+	}
+	return 0
+}
+
+var errUsage = errors.New("usage")
+
+func admin(ctx context.Context, db *clusterdb.DB, args []string, out io.Writer, asJSON bool) error {
+	sub := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	groups := sub.String("groups", "", "comma-separated groups (country, continent) of a region")
+	gwURL := sub.String("gateway-url", "", "how other regions reach this region's gateways")
+	domain := sub.String("domain", "", "the region's sandbox domain ({port}-{id}.DOMAIN)")
+	maxSB := sub.Int("max-sandboxes", 0, "running sandboxes the team may have (0: no bound)")
+	regions := sub.String("regions", "", "comma-separated regions or groups allowed (empty: all)")
+	defRegion := sub.String("default-region", "", "where the team's creates go unless they say")
+	pos := func(from int) ([]string, error) {
+		var p []string
+		rest := args[from:]
+		for len(rest) > 0 {
+			if strings.HasPrefix(rest[0], "-") {
+				if err := sub.Parse(rest); err != nil {
+					return nil, err
+				}
+				rest = sub.Args()
+				continue
+			}
+			p, rest = append(p, rest[0]), rest[1:]
+		}
+		return p, nil
+	}
+	list := func(s string) []string {
+		if s == "" {
+			return []string{}
+		}
+		return strings.Split(s, ",")
+	}
+	show := func(v any, table func(w *tabwriter.Writer)) error {
+		if asJSON {
+			return json.NewEncoder(out).Encode(v)
+		}
+		w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		table(w)
+		return w.Flush()
+	}
+	switch args[0] {
+	case "init":
+		_, err := db.EnsureSecrets(ctx, ids.RandomKey)
+		if err == nil {
+			fmt.Fprintf(out, "cluster database ready (schema version %d)\n", clusterdb.SchemaVersion())
+		}
+		return err
+	case "region":
+		p, err := pos(1)
+		if err != nil || len(args) < 2 || args[1] != "add" || len(p) != 3 {
+			return errUsage
+		}
+		id, err := strconv.Atoi(p[1])
+		if err != nil || id < 0 || id >= ids.MaxRegions {
+			return fmt.Errorf("a region id is a number from 0 to %d", ids.MaxRegions-1)
+		}
+		return db.PutRegion(ctx, clusterdb.Region{ID: id, Name: p[2], Groups: list(*groups), GatewayURL: *gwURL, Domain: *domain})
+	case "regions":
+		rs, err := db.Regions(ctx)
+		if err != nil {
+			return err
+		}
+		return show(rs, func(w *tabwriter.Writer) {
+			fmt.Fprintln(w, "ID\tNAME\tGROUPS\tGATEWAY\tDOMAIN")
+			for _, r := range rs {
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", r.ID, r.Name, strings.Join(r.Groups, ","), r.GatewayURL, r.Domain)
+			}
+		})
+	case "team":
+		p, err := pos(1)
+		if err != nil || len(args) < 2 || args[1] != "add" || len(p) != 2 {
+			return errUsage
+		}
+		return db.PutTeam(ctx, clusterdb.Team{ID: p[1], Name: p[1], MaxSandboxes: *maxSB, Regions: list(*regions), DefaultRegion: *defRegion})
+	case "teams":
+		ts, err := db.Teams(ctx)
+		if err != nil {
+			return err
+		}
+		return show(ts, func(w *tabwriter.Writer) {
+			fmt.Fprintln(w, "TEAM\tRUNNING\tMAX\tREGIONS\tDEFAULT REGION")
+			for _, t := range ts {
+				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\n", t.ID, t.Running, t.MaxSandboxes, strings.Join(t.Regions, ","), t.DefaultRegion)
+			}
+		})
+	case "key":
+		p, err := pos(1)
+		if err != nil || len(args) < 2 || len(p) != 3 {
+			return errUsage
+		}
+		switch p[0] {
+		case "create":
+			b := make([]byte, 20)
+			_, _ = rand.Read(b)
+			key := "e2b_" + hex.EncodeToString(b) // the shape E2B's SDKs check
+			if err := db.AddKey(ctx, key, p[1], p[2], list(*regions)); err != nil {
+				return err
+			}
+			fmt.Fprintln(out, key)
+			return nil
+		case "revoke":
+			return db.RevokeKey(ctx, p[1], p[2])
+		}
+		return errUsage
+	case "keys":
+		ks, err := db.Keys(ctx)
+		if err != nil {
+			return err
+		}
+		return show(ks, func(w *tabwriter.Writer) {
+			fmt.Fprintln(w, "TEAM\tNAME\tREGIONS\tREVOKED")
+			for _, k := range ks {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%v\n", k.Team, k.Name, strings.Join(k.Regions, ","), k.Revoked)
+			}
+		})
+	case "hosts":
+		hs, err := db.Hosts(ctx, time.Time{})
+		if err != nil {
+			return err
+		}
+		return show(hs, func(w *tabwriter.Writer) {
+			fmt.Fprintln(w, "SLOT\tNAME\tREGION\tADDR\tSTATE\tMEM USED/TOTAL MB\tSANDBOXES\tHEARTBEAT")
+			for _, h := range hs {
+				fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\t%d/%d\t%d\t%s ago\n", h.Slot, h.Name, h.Region, h.Addr, h.State,
+					h.MemAllocMB, h.MemTotalMB, h.Capacity.Sandboxes, time.Since(h.HeartbeatAt).Round(time.Second))
+			}
+		})
+	case "cordon", "drain", "activate":
+		if len(args) != 2 {
+			return errUsage
+		}
+		slot, err := strconv.Atoi(args[1])
+		if err != nil {
+			return errUsage
+		}
+		state := map[string]string{"cordon": "cordoned", "drain": "draining", "activate": "active"}[args[0]]
+		return db.SetHostState(ctx, slot, state)
+	case "rotate-token-key":
+		return db.RotateTokenKey(ctx, ids.RandomKey())
+	}
+	return errUsage
+}

@@ -1,0 +1,304 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/api"
+	"github.com/cellfork/cellfork/internal/clusterauth"
+	"github.com/cellfork/cellfork/internal/clusterdb"
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/ids"
+	"github.com/cellfork/cellfork/internal/placement"
+	"github.com/cellfork/cellfork/internal/template"
+	"github.com/cellfork/cellfork/internal/timing"
+)
+
+// maxCreateTries bounds the hosts a create is tried on when they fail
+// (capacity conflicts with other gateways are not counted).
+const maxCreateTries = 3
+
+// create places a new sandbox: region (asked, the team's default, or this
+// gateway's) within the caller's policy; a host chosen in memory; its
+// memory and the sandbox's row reserved in one transaction (the team's
+// bound enforced there); an id minted with the host's slot; the create
+// sent to the host. A host that fails gives its reservation back and the
+// next is tried; a region that cannot take it fails over to another
+// allowed one, unless the region was asked for.
+func (g *Gateway) create(w http.ResponseWriter, r *http.Request, c caller, asked string) {
+	t0 := time.Now()
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err != nil {
+		api.Fail(g.log, w, r, errdefs.New(errdefs.ErrInvalidArgument, "reading request body: %v", err))
+		return
+	}
+	var b struct {
+		TemplateID *string `json:"templateID"`
+		MemoryMB   *int64  `json:"memoryMB"`
+	}
+	if len(bytes.TrimSpace(body)) > 0 {
+		if err := json.Unmarshal(body, &b); err != nil {
+			api.Fail(g.log, w, r, errdefs.New(errdefs.ErrInvalidArgument, "malformed JSON body: %v", err))
+			return
+		}
+	}
+	v := g.view.Load()
+	region := v.Region
+	pinned := asked != ""
+	switch {
+	case pinned:
+		reg, ok := v.byName[asked]
+		if !ok {
+			api.Fail(g.log, w, r, errdefs.New(errdefs.ErrInvalidArgument, "no region %q in this cluster", asked))
+			return
+		}
+		region = reg
+	case c.team.DefaultRegion != "":
+		if reg, ok := v.byName[c.team.DefaultRegion]; ok {
+			region = reg
+		}
+	}
+	if !c.allows(region) {
+		if pinned || !g.anyAllowed(c) {
+			api.Fail(g.log, w, r, errdefs.New(errdefs.ErrPermissionDenied, "region %s is not allowed by the location policy (%s)", region.Name, c.policy()))
+			return
+		}
+		region = g.firstAllowed(c)
+	}
+	if region.ID != v.Region.ID {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		g.toRegion(w, r, region.ID)
+		return
+	}
+	req := placement.Request{Region: region.ID, MemoryMB: g.cfg.DefaultMemoryMB}
+	if b.MemoryMB != nil && *b.MemoryMB > 0 {
+		req.MemoryMB = *b.MemoryMB
+	}
+	tpl := ""
+	if b.TemplateID != nil {
+		tpl = *b.TemplateID
+	}
+	if name, err := template.Resolve(tpl); err == nil {
+		req.Template = name
+	} else if tpl != "" {
+		db := g.db.Load()
+		if db == nil {
+			api.Fail(g.log, w, r, errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable; retry later"))
+			return
+		}
+		sn, err := db.FindSnapshot(r.Context(), c.team.ID, tpl)
+		if err != nil {
+			api.Fail(g.log, w, r, errdefs.New(errdefs.ErrNotFound, "template or snapshot %q not found (built-in templates: base, code-interpreter-v1)", tpl))
+			return
+		}
+		// Its image is on one host until images travel.
+		req.Slot, req.Standby = sn.HostSlot, sn.ID
+	}
+	timing.Since(r.Context(), "route", t0)
+	reasons, err := g.place(w, r, c, req, body)
+	if err == nil {
+		return // answered
+	}
+	if !pinned {
+		for _, other := range v.Regions {
+			if other.ID != region.ID && other.GatewayURL != "" && c.allows(other) && r.Header.Get(headerForwarded) == "" {
+				g.log.Info("create failing over to another region", "from", region.Name, "to", other.Name, "why", err)
+				r.Body = io.NopCloser(bytes.NewReader(body))
+				g.toRegion(w, r, other.ID)
+				return
+			}
+		}
+	}
+	if errors.Is(err, errNoHost) {
+		msg := fmt.Sprintf("no host in region %s can take the sandbox: %s", region.Name, reasons)
+		if reasons.Capacity() {
+			api.Fail(g.log, w, r, errdefs.New(errdefs.ErrUnavailable, "%s; retry later", msg))
+			return
+		}
+		w.Header().Set("Should-Retry", "false")
+		api.WriteError(w, r.Header.Get("X-Request-Id"), http.StatusServiceUnavailable, msg)
+		return
+	}
+	api.Fail(g.log, w, r, err)
+}
+
+var errNoHost = errors.New("no host can take it")
+
+func (g *Gateway) anyAllowed(c caller) bool { return g.firstAllowed(c).Name != "" }
+
+func (g *Gateway) firstAllowed(c caller) clusterdb.Region {
+	for _, reg := range g.view.Load().Regions {
+		if c.allows(reg) && reg.GatewayURL != "" {
+			return reg
+		}
+	}
+	return clusterdb.Region{}
+}
+
+// place tries hosts until one creates the sandbox and answers the client
+// (err nil); it returns errNoHost (with why) when none can, or an error
+// that ends the create (answered by the caller).
+func (g *Gateway) place(w http.ResponseWriter, r *http.Request, c caller, req placement.Request, body []byte) (placement.Reasons, error) {
+	db := g.db.Load()
+	if db == nil {
+		return nil, errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable: creates wait for it; retry later")
+	}
+	if c.max > 0 && c.team.Running >= c.max {
+		return nil, errTeam(c, c.max)
+	}
+	rng := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	req.Exclude = map[int]bool{}
+	for tries := 0; tries < maxCreateTries; {
+		t0 := time.Now()
+		cands, reasons := g.view.Load().table.Choose(req, rng)
+		timing.Since(r.Context(), "place", t0)
+		if len(cands) == 0 {
+			return reasons, errNoHost
+		}
+		for _, h := range cands {
+			id := ids.NewSandbox(req.Region, h.Slot)
+			now := time.Now().UTC()
+			row := clusterdb.Sandbox{ID: id, Team: c.team.ID, Region: req.Region, HostSlot: h.Slot, MemoryMB: int(req.MemoryMB),
+				TemplateID: req.Template, StartedAt: now, EndAt: now}
+			t1 := time.Now()
+			err := db.Reserve(r.Context(), row, placement.Reserve)
+			timing.Since(r.Context(), "reserve", t1)
+			switch {
+			case errors.Is(err, clusterdb.ErrNoCapacity):
+				req.Exclude[h.Slot] = true // another gateway took it first
+				continue
+			case errors.Is(err, clusterdb.ErrTeamLimit):
+				return nil, errTeam(c, c.team.MaxSandboxes)
+			case errors.Is(err, clusterdb.ErrNoTeam):
+				return nil, errdefs.New(errdefs.ErrNotFound, "team %q does not exist", c.team.ID)
+			case err != nil:
+				return nil, err
+			}
+			if g.createOn(w, r, h, c.team.ID, id, body) {
+				return nil, nil
+			}
+			_ = db.Release(r.Context(), id, h.Slot, int(req.MemoryMB))
+			req.Exclude[h.Slot] = true
+			tries++
+			break
+		}
+	}
+	return placement.Reasons{"failed the create": maxCreateTries}, errNoHost
+}
+
+// errTeam is a team at its bound: 429, as E2B's concurrency limit.
+func errTeam(c caller, max int) error {
+	return errdefs.New(errdefs.ErrLimitReached, "team %s is at its limit of %d running sandboxes; kill or pause some, or ask for more", c.team.ID, max)
+}
+
+// createOn sends the create to host h under id. It answers the client and
+// returns true, unless the host failed in a way another host may not
+// (transport error, 5xx): then it answers nothing and returns false.
+func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.Host, team, id string, body []byte) bool {
+	t0 := time.Now()
+	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, "http://"+h.Addr+r.URL.Path, bytes.NewReader(body))
+	if err != nil {
+		return false
+	}
+	out.Header.Set("Content-Type", "application/json")
+	clusterauth.Sign(out, g.secrets.Load().Internal, team, id, time.Now())
+	resp, err := g.toHosts.RoundTrip(out)
+	if err != nil {
+		g.log.Warn("create failed on a host; trying another", "slot", h.Slot, "err", err)
+		return false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 500 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		g.log.Warn("create failed on a host; trying another", "slot", h.Slot, "status", resp.StatusCode, "body", strings.TrimSpace(string(msg)))
+		return false
+	}
+	timing.Since(r.Context(), "host", t0)
+	if st := resp.Header.Get("Server-Timing"); st != "" {
+		w.Header().Set("Server-Timing", st)
+	}
+	_ = g.withDomain(resp)
+	for _, k := range []string{"Content-Type", "Content-Length"} {
+		if v := resp.Header.Get(k); v != "" {
+			w.Header().Set(k, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+	return true
+}
+
+// fork forwards a fork to the parent's host for as many children as it
+// has room for; the others are error entries until images travel between
+// hosts.
+func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, c caller, id string, h clusterdb.Host) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err != nil {
+		api.Fail(g.log, w, r, errdefs.New(errdefs.ErrInvalidArgument, "reading request body: %v", err))
+		return
+	}
+	var b map[string]any
+	n := 1
+	if len(bytes.TrimSpace(body)) > 0 {
+		if err := json.Unmarshal(body, &b); err != nil {
+			api.Fail(g.log, w, r, errdefs.New(errdefs.ErrInvalidArgument, "malformed JSON body: %v", err))
+			return
+		}
+		if cnt, ok := b["count"].(float64); ok {
+			n = int(cnt)
+		}
+	}
+	mem := g.cfg.DefaultMemoryMB
+	if db := g.db.Load(); db != nil {
+		if row, err := db.GetSandbox(r.Context(), id); err == nil && row.MemoryMB > 0 {
+			mem = int64(row.MemoryMB)
+		}
+	}
+	room := int((h.MemTotalMB - placement.Reserve - h.MemAllocMB) / max(mem, 1))
+	if n < 1 || room >= n {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		g.forward(w, r, toHost(h.Addr, c.team.ID, ""), nil)
+		return
+	}
+	short := n - max(room, 0)
+	missing := map[string]any{"error": map[string]any{"code": http.StatusServiceUnavailable,
+		"message": fmt.Sprintf("the parent's host has room for %d of the %d children; children on other hosts need images that travel between hosts, which this cluster does not do yet", max(room, 0), n)}}
+	results := []any{}
+	if room > 0 {
+		b["count"] = room
+		nb, _ := json.Marshal(b)
+		out, _ := http.NewRequestWithContext(r.Context(), http.MethodPost, "http://"+h.Addr+r.URL.Path, bytes.NewReader(nb))
+		out.Header.Set("Content-Type", "application/json")
+		clusterauth.Sign(out, g.secrets.Load().Internal, c.team.ID, "", time.Now())
+		resp, err := g.toHosts.RoundTrip(out)
+		if err != nil {
+			api.WriteError(w, r.Header.Get("X-Request-Id"), http.StatusBadGateway, "the parent's host does not answer; retry later")
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			w.WriteHeader(resp.StatusCode)
+			_, _ = io.Copy(w, resp.Body)
+			return
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&results)
+	}
+	for range short {
+		results = append(results, missing)
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(mustJSON(results))))
+	api.WriteJSON(w, http.StatusCreated, results)
+}
+
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return append(b, '\n')
+}

@@ -1,0 +1,367 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/api"
+	"github.com/cellfork/cellfork/internal/clusterauth"
+	"github.com/cellfork/cellfork/internal/clusterdb"
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/ids"
+	"github.com/cellfork/cellfork/internal/timing"
+)
+
+// headerForwarded marks a request one gateway forwarded to another region's
+// (it is forwarded at most once).
+const headerForwarded = "X-Cellfork-Forwarded-From"
+
+// headerRegion names the region a create asks for.
+const headerRegion = "X-Cellfork-Region"
+
+// ServeHTTP routes a request.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	api.Observe(g.log, w, r, g.serve)
+}
+
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, reqID string) {
+	t0 := time.Now()
+	clusterauth.Strip(r.Header) // internal headers never come from outside
+	region := ""
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/r/"); ok {
+		region, r.URL.Path, _ = strings.Cut(rest, "/")
+		r.URL.Path = "/" + r.URL.Path
+		r.URL.RawPath = ""
+	}
+	if v := r.Header.Get(headerRegion); v != "" {
+		region = v
+	}
+	if g.view.Load() == nil {
+		api.Fail(g.log, w, r, errdefs.New(errdefs.ErrUnavailable, "the gateway is starting"))
+		return
+	}
+	if id, port, ok := api.DataPlaneTarget(r); ok {
+		g.dataPlane(w, r, reqID, id, port, t0)
+		return
+	}
+	switch r.URL.Path {
+	case "/health":
+		v := g.view.Load()
+		api.WriteJSON(w, http.StatusOK, map[string]any{"status": "ok", "region": v.Region.Name, "hosts": len(v.Hosts),
+			"database": g.db.Load() != nil})
+		return
+	case "/openapi.yaml":
+		api.ServeOpenAPI(w, r)
+		return
+	}
+	// Another region's sandbox: its gateway answers (it authenticates too).
+	if id := sandboxInPath(r.URL.Path); id != "" {
+		if s, err := ids.ParseSandbox(id); err == nil && s.Region != g.view.Load().Region.ID {
+			g.toRegion(w, r, s.Region)
+			return
+		}
+	}
+	c, err := g.authenticate(r)
+	if err != nil {
+		var ae *authError
+		if errors.As(err, &ae) {
+			api.WriteError(w, reqID, http.StatusUnauthorized, ae.msg)
+			return
+		}
+		api.Fail(g.log, w, r, err)
+		return
+	}
+	timing.Since(r.Context(), "auth", t0)
+	defer timing.Since(r.Context(), "route", t0)
+	g.control(w, r, c, region)
+}
+
+// sandboxInPath returns the sandbox id of /sandboxes/{id}... and
+// /v2/sandboxes/{id}... paths.
+func sandboxInPath(p string) string {
+	p = strings.TrimPrefix(p, "/v2")
+	rest, ok := strings.CutPrefix(p, "/sandboxes/")
+	if !ok {
+		return ""
+	}
+	id, _, _ := strings.Cut(rest, "/")
+	return id
+}
+
+// control routes a control-plane request.
+func (g *Gateway) control(w http.ResponseWriter, r *http.Request, c caller, region string) {
+	p := r.URL.Path
+	switch {
+	case (p == "/sandboxes" || p == "/v2/sandboxes") && r.Method == http.MethodPost:
+		g.create(w, r, c, region)
+	case (p == "/sandboxes" || p == "/v2/sandboxes") && r.Method == http.MethodGet:
+		g.list(w, r, c)
+	case p == "/snapshots" && r.Method == http.MethodGet:
+		g.listSnapshots(w, r, c)
+	case p == "/snapshots/usage" && r.Method == http.MethodGet:
+		g.snapshotUsage(w, r, c)
+	case strings.HasPrefix(p, "/snapshots/") || strings.HasPrefix(p, "/templates/") && r.Method == http.MethodDelete:
+		g.snapshotOp(w, r, c)
+	case strings.HasPrefix(p, "/templates/"):
+		g.anyHost(w, r, c)
+	case sandboxInPath(p) != "":
+		g.sandboxOp(w, r, c)
+	default:
+		api.Fail(g.log, w, r, errdefs.New(errdefs.ErrNotFound, "no such endpoint: %s %s", r.Method, p))
+	}
+}
+
+// hostOf returns the host a sandbox id lives on: the moved map, else the
+// slot in the id. No database read.
+func (g *Gateway) hostOf(id string) (clusterdb.Host, error) {
+	s, err := ids.ParseSandbox(id)
+	if err != nil {
+		return clusterdb.Host{}, errdefs.New(errdefs.ErrInvalidArgument, "invalid sandbox id %q: %v", id, err)
+	}
+	slot := s.Slot
+	if moved, ok := (*g.moved.Load())[id]; ok {
+		slot = moved
+	}
+	h, ok := g.view.Load().table.Host(slot)
+	if !ok {
+		return h, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	}
+	return h, nil
+}
+
+// errHostLost is a lost host's sandbox's answer.
+func errHostLost(id string, h clusterdb.Host) error {
+	return errdefs.New(errdefs.ErrUnavailable, "sandbox %q is lost: its host (slot %d) stopped answering at %s", id, h.Slot, h.HeartbeatAt.UTC().Format(time.RFC3339))
+}
+
+// dataPlane routes a request into a sandbox: the id says which host; the
+// token is checked here, with no lookup (it derives from the id); nothing
+// reads the database.
+func (g *Gateway) dataPlane(w http.ResponseWriter, r *http.Request, reqID, id string, port int, t0 time.Time) {
+	s, err := ids.ParseSandbox(id)
+	if err != nil {
+		api.ProxyError(w, reqID, id, http.StatusBadRequest, fmt.Sprintf("invalid sandbox id %q: %v", id, err))
+		return
+	}
+	if port < 1 || port > 65535 {
+		api.ProxyError(w, reqID, id, http.StatusBadRequest, "invalid sandbox port")
+		return
+	}
+	if s.Region != g.view.Load().Region.ID {
+		g.toRegion(w, r, s.Region)
+		return
+	}
+	h, err := g.hostOf(id)
+	if err != nil {
+		api.ProxyError(w, reqID, id, http.StatusBadGateway, "The sandbox was not found: "+errdefs.UserMessage(err))
+		return
+	}
+	if h.State == "lost" {
+		api.ProxyError(w, reqID, id, http.StatusBadGateway, "The sandbox was not found: "+errdefs.UserMessage(errHostLost(id, h)))
+		return
+	}
+	if tokens := g.tokens.Load(); tokens != nil && r.URL.Path != "/health" {
+		if msg := api.CheckToken(r, port, tokens.Token(id)); msg != "" && !g.checkOld(r, port, id, tokens) {
+			api.ProxyError(w, reqID, id, http.StatusUnauthorized, msg)
+			return
+		}
+	}
+	timing.Since(r.Context(), "route", t0)
+	g.forward(w, r, toHost(h.Addr, "", ""), nil)
+}
+
+// checkOld accepts a token derived under a previous key (rotation).
+func (g *Gateway) checkOld(r *http.Request, port int, id string, tokens *ids.Tokens) bool {
+	for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token"} {
+		if v := r.Header.Get(h); v != "" && tokens.Check(id, v) {
+			return true
+		}
+	}
+	return false
+}
+
+// sandboxOp forwards an operation on one sandbox to its host, for the
+// caller's team (the host answers 404 for another team's).
+func (g *Gateway) sandboxOp(w http.ResponseWriter, r *http.Request, c caller) {
+	id := sandboxInPath(r.URL.Path)
+	h, err := g.hostOf(id)
+	if err != nil {
+		api.Fail(g.log, w, r, err)
+		return
+	}
+	if h.State == "lost" {
+		g.lostOp(w, r, c, id, h)
+		return
+	}
+	if strings.HasSuffix(r.URL.Path, "/fork") && r.Method == http.MethodPost {
+		g.fork(w, r, c, id, h)
+		return
+	}
+	g.forward(w, r, toHost(h.Addr, c.team.ID, ""), g.withDomain)
+}
+
+// lostOp answers for a sandbox whose host is lost: its row says so (get,
+// list), a kill forgets it, anything else is refused at once.
+func (g *Gateway) lostOp(w http.ResponseWriter, r *http.Request, c caller, id string, h clusterdb.Host) {
+	db := g.db.Load()
+	if db == nil {
+		api.Fail(g.log, w, r, errHostLost(id, h))
+		return
+	}
+	row, err := db.GetSandbox(r.Context(), id)
+	if err != nil || row.Team != c.team.ID {
+		api.Fail(g.log, w, r, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id))
+		return
+	}
+	switch {
+	case r.Method == http.MethodGet && r.URL.Path == "/sandboxes/"+id:
+		api.WriteJSON(w, http.StatusOK, withState(row.Doc, "lost"))
+	case r.Method == http.MethodDelete && r.URL.Path == "/sandboxes/"+id:
+		if _, err := db.ForgetLost(r.Context(), id, c.team.ID); err != nil {
+			api.Fail(g.log, w, r, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		api.Fail(g.log, w, r, errHostLost(id, h))
+	}
+}
+
+// withState returns a listed sandbox's document with its state replaced.
+func withState(doc json.RawMessage, state string) map[string]any {
+	var m map[string]any
+	_ = json.Unmarshal(doc, &m)
+	if m == nil {
+		m = map[string]any{}
+	}
+	m["state"] = state
+	return m
+}
+
+// hop is where forward sends a request: a host (the call signed, for
+// team, with the id a create takes) or another region's gateway (as the
+// client sent it).
+type hop struct {
+	base       string
+	toHost     bool
+	team, mint string
+}
+
+func toHost(addr, team, mint string) hop { return hop{"http://" + addr, true, team, mint} }
+
+// forward proxies r to h, streaming both ways; modify, if not nil, may
+// rewrite the answer.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, h hop, modify func(*http.Response) error) {
+	base := h.base
+	target, err := url.Parse(base)
+	if err != nil {
+		api.Fail(g.log, w, r, err)
+		return
+	}
+	reqID := r.Header.Get("X-Request-Id")
+	t1 := time.Now()
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = target.Scheme, target.Host
+			pr.Out.URL.Path = strings.TrimSuffix(target.Path, "/") + pr.In.URL.Path
+			pr.Out.Host = pr.In.Host // the host routes the data plane by it
+			pr.Out.Header.Del("X-Request-Id")
+			if h.toHost {
+				// Hosts trust the signature; the client's credentials stay here.
+				pr.Out.Header.Del("X-API-KEY")
+				pr.Out.Header.Del("Authorization")
+				clusterauth.Sign(pr.Out, g.secrets.Load().Internal, h.team, h.mint, time.Now())
+			}
+		},
+		Transport:     g.toHosts,
+		FlushInterval: -1,
+		ModifyResponse: func(resp *http.Response) error {
+			timing.Since(r.Context(), "upstream", t1)
+			if modify != nil {
+				return modify(resp)
+			}
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return // the client went away
+			}
+			g.log.Warn("forwarding failed", "request.id", reqID, "to", target.Host, "err", err)
+			if id, _, ok := api.DataPlaneTarget(r); ok {
+				api.ProxyError(w, reqID, id, http.StatusBadGateway, "The sandbox is not reachable: its host does not answer")
+				return
+			}
+			api.WriteError(w, reqID, http.StatusBadGateway, "the sandbox's host does not answer; retry later")
+		},
+	}
+	_ = http.NewResponseController(w).EnableFullDuplex()
+	rp.ServeHTTP(w, r)
+}
+
+// toRegion forwards a request once to a gateway of another region.
+func (g *Gateway) toRegion(w http.ResponseWriter, r *http.Request, regionID int) {
+	reqID := r.Header.Get("X-Request-Id")
+	v := g.view.Load()
+	reg, ok := v.byID[regionID]
+	if !ok || reg.GatewayURL == "" {
+		api.WriteError(w, reqID, http.StatusNotFound, fmt.Sprintf("region %d has no gateway in this cluster", regionID))
+		return
+	}
+	if from := r.Header.Get(headerForwarded); from != "" {
+		api.WriteError(w, reqID, http.StatusLoopDetected, fmt.Sprintf("forwarded from region %s and again: the region table is inconsistent", from))
+		return
+	}
+	r.Header.Set(headerForwarded, v.Region.Name)
+	g.forward(w, r, hop{base: reg.GatewayURL}, nil)
+}
+
+// anyHost forwards a request any host of the region can answer (the
+// built-in templates) for the caller's team.
+func (g *Gateway) anyHost(w http.ResponseWriter, r *http.Request, c caller) {
+	v := g.view.Load()
+	for _, h := range v.Hosts {
+		if h.Region == v.Region.ID && h.State == "active" && h.LeaseUntil.After(time.Now()) {
+			g.forward(w, r, toHost(h.Addr, c.team.ID, ""), nil)
+			return
+		}
+	}
+	api.Fail(g.log, w, r, errdefs.New(errdefs.ErrUnavailable, "no host of region %s answers", v.Region.Name))
+}
+
+// withDomain sets the domain in a sandbox answer to the region's (the SDK
+// builds {port}-{id}.{domain} from it).
+func (g *Gateway) withDomain(resp *http.Response) error {
+	if resp.StatusCode/100 != 2 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		return nil
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	resp.Body.Close()
+	if err != nil {
+		return err
+	}
+	var m map[string]any
+	if json.Unmarshal(body, &m) == nil {
+		if _, ok := m["sandboxID"]; ok {
+			if d := g.view.Load().Region.Domain; d != "" {
+				m["domain"] = d
+			} else {
+				m["domain"] = nil
+			}
+			if b, err := json.Marshal(m); err == nil {
+				body = b
+			}
+		}
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	resp.Header.Set("Content-Length", fmt.Sprint(len(body)))
+	return nil
+}
