@@ -116,14 +116,18 @@ func TestHostsLeasesAndLoss(t *testing.T) {
 	// Leases run out for both: nobody else heartbeated, so nobody is lost
 	// (a database outage looks like this).
 	time.Sleep(1100 * time.Millisecond)
-	if lost, err := db.SweepLost(ctx); err != nil || len(lost) != 0 {
+	if lost, err := db.SweepLost(ctx, 0); err != nil || len(lost) != 0 {
 		t.Fatalf("after everyone's silence: lost %v, %v", lost, err)
 	}
-	// b heartbeats, a does not: a is lost.
+	// b heartbeats, a does not: a is lost, once b has been heard for the
+	// grace past a's lease.
 	if err := heartbeat(t, db, b, eb, 1024); err != nil {
 		t.Fatal(err)
 	}
-	if lost, err := db.SweepLost(ctx); err != nil || len(lost) != 1 || lost[0] != a {
+	if lost, err := db.SweepLost(ctx, time.Hour); err != nil || len(lost) != 0 {
+		t.Fatalf("within the grace: lost %v, %v", lost, err)
+	}
+	if lost, err := db.SweepLost(ctx, 0); err != nil || len(lost) != 1 || lost[0] != a {
 		t.Fatalf("lost %v, %v; want [%d]", lost, err, a)
 	}
 	if err := heartbeat(t, db, a, ea, 1024); !errors.Is(err, ErrFenced) {

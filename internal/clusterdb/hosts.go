@@ -118,11 +118,12 @@ func (db *DB) SetHostState(ctx context.Context, slot int, state string) error {
 }
 
 // SweepLost declares lost the hosts whose lease ran out while another host
-// kept heartbeating (so a database outage, which stops every heartbeat,
-// never declares the fleet lost), bumps their epoch, and marks their
-// running sandboxes lost. One sweeper at a time (an advisory lock); it
-// returns the slots declared lost.
-func (db *DB) SweepLost(ctx context.Context) ([]int, error) {
+// kept heartbeating for grace more (so a database outage, which stops
+// every heartbeat, never declares the fleet lost: once it is back, each
+// host has grace, longer than its heartbeat interval, to be heard again),
+// bumps their epoch, and marks their running sandboxes lost. One sweeper
+// at a time (an advisory lock); it returns the slots declared lost.
+func (db *DB) SweepLost(ctx context.Context, grace time.Duration) ([]int, error) {
 	tx, err := db.pool.Begin(ctx)
 	if err != nil {
 		return nil, unavailable(err)
@@ -134,8 +135,9 @@ func (db *DB) SweepLost(ctx context.Context) ([]int, error) {
 	}
 	rows, err := tx.Query(ctx, `UPDATE hosts h SET state = 'lost', epoch = epoch + 1, updated_at = now()
 		WHERE state <> 'lost' AND lease_until < now()
-		  AND EXISTS (SELECT 1 FROM hosts o WHERE o.slot <> h.slot AND o.heartbeat_at > h.lease_until)
-		RETURNING slot`)
+		  AND EXISTS (SELECT 1 FROM hosts o WHERE o.slot <> h.slot
+		      AND o.heartbeat_at > h.lease_until + $1 * interval '1 millisecond')
+		RETURNING slot`, grace.Milliseconds())
 	if err != nil {
 		return nil, unavailable(err)
 	}

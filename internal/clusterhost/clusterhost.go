@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/api"
@@ -68,6 +69,11 @@ type Member struct {
 
 	local sandbox.Store // the host's own store (the journal)
 	host  Host          // set by Start
+	// healthy: the last sync reached the database, so changes are synced
+	// before the operation answers (a list right after a create shows
+	// it); otherwise they wait for the sync loop and nothing waits for
+	// the database.
+	healthy atomic.Bool
 }
 
 // Host is what the member needs of the host's daemon.
@@ -89,7 +95,7 @@ func Join(ctx context.Context, cfg Config, log *slog.Logger) (*Member, error) {
 		cfg.Heartbeat = 2 * time.Second
 	}
 	if cfg.TTL == 0 {
-		cfg.TTL = 10 * time.Second
+		cfg.TTL = 6 * time.Second
 	}
 	m := &Member{cfg: cfg, log: log, dirty: map[string]bool{}, snaps: map[string]bool{}, kick: make(chan struct{}, 1)}
 	saved, haveSaved := loadState(cfg.DataDir)
@@ -257,7 +263,7 @@ func (s syncStore) Put(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err := s.Store.Put(ctx, sb); err != nil {
 		return err
 	}
-	s.m.mark(s.m.dirty, sb.ID)
+	s.m.syncNow(ctx, sb.ID)
 	return nil
 }
 
@@ -265,8 +271,23 @@ func (s syncStore) Delete(ctx context.Context, id string) error {
 	if err := s.Store.Delete(ctx, id); err != nil {
 		return err
 	}
-	s.m.mark(s.m.dirty, id)
+	s.m.syncNow(ctx, id)
 	return nil
+}
+
+// syncNow syncs a sandbox's row before its operation answers, if the
+// database is healthy (briefly bounded), else leaves it to the sync loop.
+func (m *Member) syncNow(ctx context.Context, id string) {
+	if m.db == nil || m.host == nil || !m.healthy.Load() {
+		m.mark(m.dirty, id)
+		return
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 500*time.Millisecond)
+	defer cancel()
+	if err := m.syncSandbox(sctx, id); err != nil {
+		m.healthy.Store(false)
+		m.mark(m.dirty, id)
+	}
 }
 
 func (s syncStore) PutSnapshot(ctx context.Context, sn *sandbox.Snapshot) error {

@@ -31,6 +31,7 @@ func (m *Member) syncLoop(ctx context.Context) {
 			continue
 		}
 		if err := m.flush(ctx); err != nil {
+			m.healthy.Store(false)
 			if ctx.Err() == nil {
 				m.log.Debug("cluster sync deferred", "err", err)
 			}
@@ -42,6 +43,7 @@ func (m *Member) syncLoop(ctx context.Context) {
 			backoff = min(2*backoff, 5*time.Second)
 			continue
 		}
+		m.healthy.Store(true)
 		backoff = 100 * time.Millisecond
 	}
 }

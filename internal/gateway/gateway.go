@@ -251,6 +251,12 @@ func (g *Gateway) setMoved(id string, slot int) {
 	g.moved.Store(&m)
 }
 
+// lostGrace is how long past its lease a host must stay silent while
+// others heartbeat before it is declared lost: more than hosts' heartbeat
+// interval (2 s), so that after a database outage every host is heard
+// again first.
+const lostGrace = 3 * time.Second
+
 // refreshLoop polls hosts every second, everything every 30 s (and the
 // moved map), sweeps lost hosts, writes the cache, and reconnects.
 func (g *Gateway) refreshLoop(ctx context.Context) {
@@ -275,7 +281,7 @@ func (g *Gateway) refreshLoop(ctx context.Context) {
 			}
 			if err == nil && n%2 == 0 {
 				db := g.db.Load()
-				if lost, serr := db.SweepLost(ctx); serr == nil && len(lost) > 0 {
+				if lost, serr := db.SweepLost(ctx, lostGrace); serr == nil && len(lost) > 0 {
 					g.log.Warn("hosts declared lost", "slots", lost)
 				}
 				if n%30 == 0 {

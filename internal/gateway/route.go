@@ -124,7 +124,9 @@ func (g *Gateway) control(w http.ResponseWriter, r *http.Request, c caller, regi
 func (g *Gateway) hostOf(id string) (clusterdb.Host, error) {
 	s, err := ids.ParseSandbox(id)
 	if err != nil {
-		return clusterdb.Host{}, errdefs.New(errdefs.ErrInvalidArgument, "invalid sandbox id %q: %v", id, err)
+		// An id that cannot exist: not found, as E2B answers, and never
+		// sent to a host.
+		return clusterdb.Host{}, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found: not a valid id (%v)", id, err)
 	}
 	slot := s.Slot
 	if moved, ok := (*g.moved.Load())[id]; ok {
@@ -148,7 +150,7 @@ func errHostLost(id string, h clusterdb.Host) error {
 func (g *Gateway) dataPlane(w http.ResponseWriter, r *http.Request, reqID, id string, port int, t0 time.Time) {
 	s, err := ids.ParseSandbox(id)
 	if err != nil {
-		api.ProxyError(w, reqID, id, http.StatusBadRequest, fmt.Sprintf("invalid sandbox id %q: %v", id, err))
+		api.ProxyError(w, reqID, id, http.StatusBadGateway, fmt.Sprintf("The sandbox was not found: %q is not a valid id (%v)", id, err))
 		return
 	}
 	if port < 1 || port > 65535 {
@@ -175,7 +177,7 @@ func (g *Gateway) dataPlane(w http.ResponseWriter, r *http.Request, reqID, id st
 		}
 	}
 	timing.Since(r.Context(), "route", t0)
-	g.forward(w, r, toHost(h.Addr, "", ""), nil)
+	g.forward(w, r, intoSandbox(h.Addr), nil)
 }
 
 // checkOld accepts a token derived under a previous key (rotation).
@@ -252,10 +254,15 @@ func withState(doc json.RawMessage, state string) map[string]any {
 type hop struct {
 	base       string
 	toHost     bool
+	control    bool // a control-plane call (else the data plane's)
 	team, mint string
 }
 
-func toHost(addr, team, mint string) hop { return hop{"http://" + addr, true, team, mint} }
+// toHost is a control-plane call to a host, for team.
+func toHost(addr, team, mint string) hop { return hop{"http://" + addr, true, true, team, mint} }
+
+// intoSandbox is a data-plane request to a host.
+func intoSandbox(addr string) hop { return hop{base: "http://" + addr, toHost: true} }
 
 // forward proxies r to h, streaming both ways; modify, if not nil, may
 // rewrite the answer.
@@ -275,9 +282,13 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, h hop, modify 
 			pr.Out.Host = pr.In.Host // the host routes the data plane by it
 			pr.Out.Header.Del("X-Request-Id")
 			if h.toHost {
-				// Hosts trust the signature; the client's credentials stay here.
-				pr.Out.Header.Del("X-API-KEY")
-				pr.Out.Header.Del("Authorization")
+				if h.control {
+					// Hosts trust the signature; the client's credentials
+					// stay here. (On the data plane, Authorization names
+					// envd's user: it goes on.)
+					pr.Out.Header.Del("X-API-KEY")
+					pr.Out.Header.Del("Authorization")
+				}
 				clusterauth.Sign(pr.Out, g.secrets.Load().Internal, h.team, h.mint, time.Now())
 			}
 		},
@@ -320,6 +331,7 @@ func (g *Gateway) toRegion(w http.ResponseWriter, r *http.Request, regionID int)
 		return
 	}
 	r.Header.Set(headerForwarded, v.Region.Name)
+	timing.Since(r.Context(), "route", time.Now())
 	g.forward(w, r, hop{base: reg.GatewayURL}, nil)
 }
 

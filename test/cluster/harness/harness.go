@@ -35,13 +35,14 @@ import (
 
 // Options shape a cluster.
 type Options struct {
-	Dir         string   // everything the cluster writes
-	Bin         string   // the cellfork binary (its agent beside it)
-	TemplateDir string   // shared by the hosts
-	Regions     []string // default eu, us
-	HostRegions []string // one entry per host; default eu, eu, us
-	HostFlags   []string // extra flags for every host
-	Log         io.Writer
+	Dir          string   // everything the cluster writes
+	Bin          string   // the cellfork binary (its agent beside it)
+	TemplateDir  string   // shared by the hosts
+	Regions      []string // default eu, us
+	HostRegions  []string // one entry per host; default eu, eu, us
+	HostFlags    []string // extra flags for every host
+	GatewayFlags []string // extra flags for every gateway
+	Log          io.Writer
 }
 
 // Cluster is a running cluster.
@@ -94,6 +95,9 @@ func (l *logBuffer) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// Requests counts the requests the process logged (-v).
+func (p *Proc) Requests() int { return strings.Count(p.Logs(), "msg=request ") }
 
 // Logs returns what the process printed.
 func (p *Proc) Logs() string {
@@ -170,6 +174,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		g := &Proc{Name: "gateway-" + r, Addr: gwAddr[r], log: &logBuffer{out: o.Log}}
 		g.args = []string{o.Bin, "gateway", "--cluster", c.PG.URL, "--region", r, "--addr", gwAddr[r],
 			"--state-dir", filepath.Join(o.Dir, "gw-"+r), "-v"}
+		g.args = append(g.args, o.GatewayFlags...)
 		if err := g.Start(); err != nil {
 			return c, err
 		}

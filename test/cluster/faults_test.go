@@ -1,0 +1,228 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cellfork/cellfork/test/cluster/harness"
+)
+
+// hostOf returns the harness host a sandbox lives on (slots are given in
+// registration order: host N has slot N).
+func hostOf(t *testing.T, sb sandbox) *harness.Host {
+	t.Helper()
+	var slot int
+	fmt.Sscanf(decodeSlot(sb.ID), "%d", &slot)
+	for _, h := range c.Hosts {
+		if h.N == slot {
+			return h
+		}
+	}
+	t.Fatalf("no host with slot %d for %s", slot, sb.ID)
+	return nil
+}
+
+// decodeSlot reads the host slot out of a sandbox id (positions 3-5).
+func decodeSlot(id string) string {
+	const alphabet = "0123456789abcdefghjkmnpqrstvwxyz"
+	v := 0
+	for _, ch := range id[3:6] {
+		v = v*32 + strings.IndexRune(alphabet, ch)
+	}
+	return fmt.Sprint(v)
+}
+
+// testDatabaseOutage: PostgreSQL stops for 30 s. Running sandboxes keep
+// answering through the gateways; creates get 503 with Retry-After at
+// once; no host is declared lost; everything recovers.
+func testDatabaseOutage(t *testing.T) {
+	sb := create(t, "eu", nil)
+	stop := make(chan struct{})
+	var calls, failures atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			calls.Add(1)
+			if out, _ := runCode(t, "eu", sb, "print('up')"); out != "up\n" {
+				failures.Add(1)
+			}
+		}
+	})
+	if err := c.PG.StopServer("fast"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	t0 := time.Now()
+	r := do(t, "eu", "POST", "/v2/sandboxes", map[string]any{"templateID": "base"}, map[string]string{"X-Cellfork-Region": "eu"})
+	if r.status != 503 || r.header.Get("Retry-After") == "" || time.Since(t0) > 2*time.Second {
+		t.Errorf("create while the database is down: %d %s (Retry-After %q) after %v", r.status, r.body, r.header.Get("Retry-After"), time.Since(t0))
+	}
+	time.Sleep(30*time.Second - time.Since(start))
+	if err := c.PG.StartServer(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(8 * time.Second) // past a lease and the grace: a false loss would show
+	close(stop)
+	wg.Wait()
+	if f := failures.Load(); f != 0 || calls.Load() < 50 {
+		t.Errorf("run_code during the outage: %d of %d failed", f, calls.Load())
+	}
+	out, _ := c.AdminOut(context.Background(), "hosts")
+	if strings.Contains(out, "lost") {
+		t.Errorf("a host was declared lost for the database's outage:\n%s", out)
+	}
+	eventually(t, 20*time.Second, "creates to work again", func() bool {
+		r := do(t, "eu", "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "timeout": 60}, nil)
+		if r.status != 201 {
+			return false
+		}
+		var s sandbox
+		r.json(t, &s)
+		do(t, "eu", "DELETE", "/sandboxes/"+s.ID, nil, nil)
+		return true
+	})
+}
+
+// testGatewayRestartWithoutDatabase: a gateway killed and started again
+// while PostgreSQL is down routes from its cache file.
+func testGatewayRestartWithoutDatabase(t *testing.T) {
+	sb := create(t, "eu", nil)
+	time.Sleep(11 * time.Second) // a cache write (every 10 s)
+	if err := c.PG.StopServer("immediate"); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := c.PG.StartServer(); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	gw := c.Gateways["eu"]
+	gw.Signal(syscall.SIGKILL)
+	t0 := time.Now()
+	if err := gw.Start(); err != nil {
+		t.Fatalf("the gateway did not start without the database: %v", err)
+	}
+	if out, status := runCode(t, "eu", sb, "print(1+1)"); out != "2\n" {
+		t.Errorf("run_code through the restarted gateway: %d %q", status, out)
+	}
+	t.Logf("started and routed in %v without the database", time.Since(t0).Round(time.Millisecond))
+}
+
+// testPartitionAndHeal: a host cut off the network is declared lost (its
+// sandboxes say so, and the data plane fails fast); healed, it takes its
+// sandboxes back.
+func testPartitionAndHeal(t *testing.T) {
+	sb := create(t, "eu", nil)
+	runCode(t, "eu", sb, "x = 'kept'")
+	h := hostOf(t, sb)
+	if err := h.Partition(); err != nil {
+		t.Fatal(err)
+	}
+	healed := false
+	defer func() {
+		if !healed {
+			_ = h.Heal()
+		}
+	}()
+	eventually(t, 30*time.Second, "the partitioned host's sandbox to be reported lost", func() bool {
+		var info map[string]any
+		r := do(t, "eu", "GET", "/sandboxes/"+sb.ID, nil, nil)
+		_ = jsonOf(r, &info)
+		return info["state"] == "lost"
+	})
+	t0 := time.Now()
+	r := do(t, "eu", "POST", "/execute", map[string]any{"code": "1"}, map[string]string{
+		"E2b-Sandbox-Id": sb.ID, "E2b-Sandbox-Port": "49999", "X-Access-Token": sb.Token, "X-API-KEY": ""})
+	if r.status != http.StatusBadGateway || time.Since(t0) > 1500*time.Millisecond || !strings.Contains(string(r.body), "lost") {
+		t.Errorf("data plane to a lost host: %d %s after %v", r.status, r.body, time.Since(t0))
+	}
+	if err := h.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	healed = true
+	eventually(t, 30*time.Second, "the healed host's sandbox to answer again", func() bool {
+		out, _ := runCode(t, "eu", sb, "print(x)")
+		return out == "kept\n"
+	})
+	var info map[string]any
+	_ = jsonOf(do(t, "eu", "GET", "/sandboxes/"+sb.ID, nil, nil), &info)
+	if info["state"] != "running" {
+		t.Errorf("after healing: %v", info)
+	}
+}
+
+// testHostKilled: a host loses power mid-exec and mid-create. The exec
+// fails (no hang), creates go to the other host, its sandboxes are
+// reported lost within the lease and the data plane fails fast; started
+// again, it takes new sandboxes, and the dead ones are gone.
+func testHostKilled(t *testing.T) {
+	victim := create(t, "eu", nil)
+	h := hostOf(t, victim)
+	execDone := make(chan error, 1)
+	go func() {
+		_, status := runCode(t, "eu", victim, "import time; time.sleep(60); print('never')")
+		execDone <- fmt.Errorf("status %d", status)
+	}()
+	time.Sleep(500 * time.Millisecond)
+	var created, failed atomic.Int64
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			r := do(t, "eu", "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "timeout": 60}, nil)
+			if r.status == 201 {
+				created.Add(1)
+				var s sandbox
+				r.json(t, &s)
+				defer do(t, "eu", "DELETE", "/sandboxes/"+s.ID, nil, nil)
+			} else {
+				failed.Add(1)
+			}
+		})
+	}
+	h.Kill()
+	killed := time.Now()
+	select {
+	case <-execDone:
+	case <-time.After(10 * time.Second):
+		t.Error("an exec on the killed host hung")
+	}
+	wg.Wait()
+	t.Logf("creates during the kill: %d created, %d failed", created.Load(), failed.Load())
+	if created.Load() == 0 {
+		t.Error("no create went to the other host")
+	}
+	eventually(t, 20*time.Second, "the dead host's sandbox to be reported lost", func() bool {
+		var info map[string]any
+		_ = jsonOf(do(t, "eu", "GET", "/sandboxes/"+victim.ID, nil, nil), &info)
+		return info["state"] == "lost"
+	})
+	t.Logf("reported lost %v after the kill", time.Since(killed).Round(time.Second))
+	t0 := time.Now()
+	if _, status := runCode(t, "eu", victim, "1"); status != http.StatusBadGateway || time.Since(t0) > 1500*time.Millisecond {
+		t.Errorf("data plane to a dead host: %d after %v", status, time.Since(t0))
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the dead sandbox to be gone once its host is back", func() bool {
+		return do(t, "eu", "GET", "/sandboxes/"+victim.ID, nil, nil).status == 404
+	})
+	out, _ := c.AdminOut(context.Background(), "hosts")
+	if strings.Count(out, " active ") != len(c.Hosts) {
+		t.Errorf("hosts after the restart:\n%s", out)
+	}
+}
+
+func jsonOf(r resp, v any) error { return jsonUnmarshal(r.body, v) }
