@@ -127,7 +127,13 @@ func unavailable(err error) error {
 		return nil
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) || errors.Is(err, pgx.ErrNoRows) || errors.Is(err, context.Canceled) {
+	if errors.As(err, &pgErr) {
+		// Connection exceptions, a server shutting down or starting, too
+		// many connections: the database is away, not the request wrong.
+		if c := pgErr.Code; !strings.HasPrefix(c, "08") && !strings.HasPrefix(c, "57P") && !strings.HasPrefix(c, "53") {
+			return err
+		}
+	} else if errors.Is(err, pgx.ErrNoRows) || errors.Is(err, context.Canceled) {
 		return err
 	}
 	return fmt.Errorf("%w: %w", errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable; retry later"), err)

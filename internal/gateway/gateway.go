@@ -27,7 +27,10 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/jackc/pgx/v5"
 
@@ -100,7 +103,7 @@ func New(cfg Config) *Gateway {
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Log}
 	g.toHosts = &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         hostDialer().DialContext,
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
@@ -109,6 +112,25 @@ func New(cfg Config) *Gateway {
 	g.moved.Store(&empty)
 	g.keys.ttl = cfg.KeyTTL
 	return g
+}
+
+// hostDialer dials hosts so that one that goes silent (lost power, cut
+// off) fails a request within seconds, never hangs it: a 1 s connect
+// timeout, keepalive probes on idle connections (5 s, then 1 s apart,
+// 3 of them), and TCP_USER_TIMEOUT (data unacknowledged for 5 s ends the
+// connection).
+func hostDialer() *net.Dialer {
+	return &net.Dialer{
+		Timeout:         time.Second,
+		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: time.Second, Count: 3},
+		Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, 5000)
+			})
+			return errors.Join(err, serr)
+		},
+	}
 }
 
 func (g *Gateway) cachePath() string { return filepath.Join(g.cfg.StateDir, "gateway-cache.json") }

@@ -103,12 +103,17 @@ func testGatewayRestartWithoutDatabase(t *testing.T) {
 	if err := c.PG.StopServer("immediate"); err != nil {
 		t.Fatal(err)
 	}
+	gw := c.Gateways["eu"]
 	defer func() {
 		if err := c.PG.StartServer(); err != nil {
 			t.Fatal(err)
 		}
+		eventually(t, 30*time.Second, "the gateway to reach the database again", func() bool {
+			var h map[string]any
+			_ = jsonOf(do(t, "eu", "GET", "/health", nil, nil), &h)
+			return h["database"] == true
+		})
 	}()
-	gw := c.Gateways["eu"]
 	gw.Signal(syscall.SIGKILL)
 	t0 := time.Now()
 	if err := gw.Start(); err != nil {

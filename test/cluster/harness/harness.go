@@ -317,7 +317,7 @@ const runsc = "/usr/local/lib/cellfork/runsc"
 func (h *Host) Kill() {
 	h.Signal(syscall.SIGKILL)
 	root := filepath.Join(h.DataDir, "runsc")
-	out, _ := exec.Command("pgrep", "-f", "--root="+root).Output()
+	out, _ := exec.Command("pgrep", "-f", "--", "--root="+root).Output()
 	for _, f := range strings.Fields(string(out)) {
 		if pid, err := strconv.Atoi(f); err == nil {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
