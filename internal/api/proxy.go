@@ -12,7 +12,7 @@ import (
 	"net/http/httputil"
 	"regexp"
 	"strconv"
-	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/envd"
@@ -160,7 +160,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 				proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox was not found: "+msg)
 			case r.Context().Err() != nil:
 				// The client went away; nobody to answer.
-			case strings.Contains(err.Error(), "connection refused"):
+			case errors.Is(err, syscall.ECONNREFUSED):
 				proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox is running but port is not open")
 			default:
 				s.log.Warn("proxy error", "request.id", reqID, "sandbox.id", t.sandboxID, "port", t.port, "err", err)
