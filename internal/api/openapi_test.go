@@ -361,6 +361,7 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		{name: "list snapshots empty limit", method: "GET", path: "/snapshots?limit=", specPath: "/snapshots", headers: key, want: 400},
 		{name: "list snapshots bad token", method: "GET", path: "/snapshots?nextToken=x", specPath: "/snapshots", headers: key, want: 400},
 		{name: "snapshot usage", method: "GET", path: "/snapshots/usage", headers: key, want: 200},
+		{name: "snapshot tree", method: "GET", path: "/snapshots/tree", headers: key, want: 200},
 		{name: "get snapshot by name", method: "GET", path: "/snapshots/first", specPath: "/snapshots/{snapshotID}", headers: key, want: 200},
 		{name: "get snapshot unknown", method: "GET", path: "/snapshots/nope", specPath: "/snapshots/{snapshotID}", headers: key, want: 404},
 		{name: "delete snapshot unknown", method: "DELETE", path: "/snapshots/nope", specPath: "/snapshots/{snapshotID}", headers: key, want: 404},

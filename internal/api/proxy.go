@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/api/apitypes"
 	"github.com/cellfork/cellfork/internal/envd"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
@@ -46,7 +47,7 @@ func dataPlaneTarget(r *http.Request) (target, bool) {
 
 // proxyError is the edge's answer the SDKs understand (spec §4.7).
 func proxyError(w http.ResponseWriter, reqID, sandboxID string, status int, msg string) {
-	writeJSON(w, status, map[string]any{"sandboxId": sandboxID, "message": msg, "code": status, "requestId": reqID})
+	writeJSON(w, status, apitypes.ProxyError{SandboxID: sandboxID, Message: msg, Code: status, RequestID: reqID})
 }
 
 // tooLarge refuses an upload past the limit. The rest of the body is never
