@@ -48,7 +48,11 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	sn, err := s.m.Snapshot(r.Context(), r.PathValue("id"), apitypes.Value(b.Name))
+	err := s.checkTreeName(r.Context(), r.PathValue("id"), apitypes.Value(b.Name))
+	var sn *sandbox.Snapshot
+	if err == nil {
+		sn, err = s.m.Snapshot(r.Context(), r.PathValue("id"), apitypes.Value(b.Name))
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -353,6 +353,7 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		// test/integration covers 400 (bad or reserved name) and 409.
 		{name: "snapshot of unknown sandbox with a bad name", method: "POST", path: "/sandboxes/abc/snapshots", specPath: "/sandboxes/{id}/snapshots", body: `{"name":"-x"}`, headers: key, want: 404},
 		{name: "snapshot of unknown sandbox with a taken name", method: "POST", path: "/sandboxes/abc/snapshots", specPath: "/sandboxes/{id}/snapshots", body: `{"name":"first"}`, headers: key, want: 404},
+		{name: "snapshot of unknown sandbox named tree", method: "POST", path: "/sandboxes/abc/snapshots", specPath: "/sandboxes/{id}/snapshots", body: `{"name":"tree"}`, headers: key, want: 404},
 		{name: "snapshot of unknown sandbox over the cap", method: "POST", path: "/sandboxes/abc/snapshots", specPath: "/sandboxes/{id}/snapshots", body: `{"name":"new"}`, headers: key, want: 404},
 		{name: "list snapshots", method: "GET", path: "/snapshots", headers: key, want: 200},
 		{name: "list snapshots paged", method: "GET", path: "/snapshots?limit=1", specPath: "/snapshots", headers: key, want: 200, wantHeaders: []string{"X-Next-Token"}},

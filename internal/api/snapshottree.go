@@ -1,9 +1,11 @@
 package api
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/cellfork/cellfork/internal/api/apitypes"
+	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
@@ -64,4 +66,17 @@ func snapshotForest(all []*sandbox.Snapshot) []apitypes.SnapshotNode {
 		return out
 	}
 	return nodes(roots)
+}
+
+// checkTreeName refuses the snapshot name "tree": GET /snapshots/tree
+// would shadow it (as the manager refuses "usage"). An unknown sandbox is
+// still reported first, as for any other name.
+func (s *Server) checkTreeName(ctx context.Context, sandboxID, name string) error {
+	if name != "tree" {
+		return nil
+	}
+	if _, err := s.m.Get(ctx, sandboxID); err != nil {
+		return err
+	}
+	return errdefs.New(errdefs.ErrInvalidArgument, "snapshot name %q is reserved", name)
 }
