@@ -44,6 +44,7 @@ security-report: setup template
 
 generate:
 	PATH="$$PATH:$$(go env GOPATH)/bin" go generate ./...
+	python3 sdk/python/scripts/unasync.py
 
 clean:
 	rm -rf bin

@@ -27,6 +27,10 @@ command -v go >/dev/null || { echo "setup: Go 1.24+ is required (https://go.dev/
 gobin=$(go env GOPATH)/bin
 [ -x "$gobin/protoc-gen-go" ] || go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.11
 [ -x "$gobin/protoc-gen-connect-go" ] || go install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.19.1
+OAPI_CODEGEN_VERSION=v2.8.2
+if [ "$("$gobin/oapi-codegen" -version 2>/dev/null | tail -n 1)" != "$OAPI_CODEGEN_VERSION" ]; then
+  go install "github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@$OAPI_CODEGEN_VERSION"
+fi
 
 # runsc is built from its module's source with gVisor's seccomp filters
 # precompiled (internal/runtime/gvisor/seccompgen), as the official build

@@ -47,7 +47,8 @@ alive=$(curl -fsS -H "X-API-KEY: $CELLFORK_API_KEY" "$CELLFORK_URL/v2/sandboxes"
 if [ "$alive" != 0 ]; then echo "leak: $alive sandbox(es) still alive after the Python tests"; status=1; fi
 # Once the daemon has stopped (destroying its pool), nothing of it remains.
 terminate_test_daemon
-left=$(/usr/local/lib/cellfork/runsc --root "$TEST_TMP/data/runsc" list -q 2>/dev/null | grep -v '^ID' || true)
+# (runsc's flag is -quiet; a failing list must not read as "nothing left".)
+left=$(/usr/local/lib/cellfork/runsc --root "$TEST_TMP/data/runsc" list -quiet) || { echo "leak check: runsc list failed"; status=1; }
 netns_left=$(ls /run/netns 2>/dev/null | grep "^$prefix" || true)
 if [ "$alive" = 0 ] && [ -n "$left" ]; then echo "leak: runsc containers left: $left"; status=1; fi
 if [ "$alive" = 0 ] && [ -n "$netns_left" ]; then echo "leak: network namespaces left: $netns_left"; status=1; fi

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/api/apitypes"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
@@ -20,7 +21,8 @@ import (
 func (s *Server) routes() {
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		st := s.m.PoolStats()
-		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "pool": map[string]any{"ready": st.Ready, "shells": st.Shells, "standbys": st.Standbys}})
+		writeJSON(w, http.StatusOK, apitypes.Health{Status: apitypes.HealthStatusOk,
+			Pool: apitypes.PoolStats{Ready: st.Ready, Shells: st.Shells, Standbys: st.Standbys}})
 	})
 	s.mux.HandleFunc("GET /openapi.yaml", serveOpenAPI)
 	s.mux.HandleFunc("POST /v2/sandboxes", s.create)
@@ -39,6 +41,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("POST /sandboxes/{id}/snapshots", s.snapshot)
 	s.mux.HandleFunc("GET /snapshots", s.listSnapshots)
 	s.mux.HandleFunc("GET /snapshots/usage", s.snapshotUsage)
+	s.mux.HandleFunc("GET /snapshots/tree", s.snapshotTree)
 	s.mux.HandleFunc("GET /snapshots/{snapshotID}", s.getSnapshot)
 	s.mux.HandleFunc("DELETE /snapshots/{snapshotID}", s.deleteSnapshot)
 	s.mux.HandleFunc("DELETE /templates/{snapshotID}", s.deleteSnapshot)
@@ -111,34 +114,9 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) (bool, error) {
 	return true, nil
 }
 
-// newSandboxBody is E2B's NewSandboxV2 plus our resource extensions.
-type newSandboxBody struct {
-	TemplateID          *string           `json:"templateID"`
-	Timeout             *int              `json:"timeout"`
-	Metadata            map[string]string `json:"metadata"`
-	EnvVars             map[string]string `json:"envVars"`
-	Secure              *bool             `json:"secure"`
-	AllowInternetAccess *bool             `json:"allow_internet_access"`
-	AutoPause           *bool             `json:"autoPause"`
-	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
-	AutoResume          *autoResumeBody   `json:"autoResume"`
-	Network             *networkBody      `json:"network"`
-	// Ours: limits; absent = the template's (or snapshot's).
-	CPUCount   *int `json:"cpuCount"`
-	MemoryMB   *int `json:"memoryMB"`
-	DiskSizeMB *int `json:"diskSizeMB"`
-	PidsMax    *int `json:"pidsMax"`
-	OpenFiles  *int `json:"openFiles"`
-}
-
-// autoResumeBody is E2B's SandboxAutoResumeConfig.
-type autoResumeBody struct {
-	Enabled bool `json:"enabled"`
-}
-
-// limits returns the limits the body asks for (zero: not asked). A limit
-// given as zero or less is an error, not a request for the default.
-func (b *newSandboxBody) limits() (sandbox.Limits, error) {
+// createLimits returns the limits a create asks for (zero: not asked). A
+// limit given as zero or less is an error, not a request for the default.
+func createLimits(b *apitypes.NewSandbox) (sandbox.Limits, error) {
 	var l sandbox.Limits
 	for _, f := range []struct {
 		name string
@@ -155,27 +133,13 @@ func (b *newSandboxBody) limits() (sandbox.Limits, error) {
 	return l, nil
 }
 
-// autoPauseRequested reads E2B's lifecycle: autoPause true = pause on
-// timeout instead of kill.
-func (b *newSandboxBody) onTimeout() string {
+// onTimeout reads E2B's lifecycle: autoPause true = pause on timeout
+// instead of kill.
+func onTimeout(b *apitypes.NewSandbox) string {
 	if b.AutoPause != nil && *b.AutoPause {
 		return "pause"
 	}
 	return "kill"
-}
-
-// sandboxBody is E2B's Sandbox object.
-type sandboxBody struct {
-	TemplateID         string  `json:"templateID"`
-	SandboxID          string  `json:"sandboxID"`
-	ClientID           string  `json:"clientID"`
-	EnvdVersion        string  `json:"envdVersion"`
-	EnvdAccessToken    string  `json:"envdAccessToken"`
-	TrafficAccessToken string  `json:"trafficAccessToken"`
-	Domain             *string `json:"domain"`
-	// BootMode (ours) says how the sandbox started: pool, restore, boot
-	// or fork.
-	BootMode string `json:"bootMode,omitempty"`
 }
 
 const clientID = "cellfork"
@@ -188,34 +152,34 @@ func (s *Server) domain() *string {
 	return &d
 }
 
-func (s *Server) sandboxJSON(sb *sandbox.Sandbox) sandboxBody {
-	return sandboxBody{
+func (s *Server) sandboxJSON(sb *sandbox.Sandbox) apitypes.Sandbox {
+	return apitypes.Sandbox{
 		TemplateID: sb.TemplateID, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: EnvdVersion,
 		EnvdAccessToken: sb.AccessToken, TrafficAccessToken: sb.AccessToken, Domain: s.domain(),
-		BootMode: sb.BootMode,
+		BootMode: bootMode(sb.BootMode),
 	}
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
-	var b newSandboxBody
+	var b apitypes.NewSandbox
 	if err := decode(w, r, &b); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if b.TemplateID == nil || *b.TemplateID == "" {
+	if b.TemplateID == "" {
 		s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "templateID is required"))
 		return
 	}
-	limits, err := b.limits()
+	limits, err := createLimits(&b)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	req := sandbox.CreateRequest{ID: mintOf(r.Context()), TemplateID: *b.TemplateID, Metadata: b.Metadata, Envs: b.EnvVars,
-		Limits: limits, OnTimeout: b.onTimeout(), AutoResume: b.AutoResume != nil && b.AutoResume.Enabled,
+	req := sandbox.CreateRequest{ID: mintOf(r.Context()), TemplateID: b.TemplateID, Metadata: stringMap(b.Metadata), Envs: stringMap(b.EnvVars),
+		Limits: limits, OnTimeout: onTimeout(&b), AutoResume: b.AutoResume != nil && apitypes.Value(b.AutoResume.Enabled),
 		AutoPauseFiles: b.AutoPauseMemory != nil && !*b.AutoPauseMemory}
 	if b.Network != nil || b.AllowInternetAccess != nil {
-		n, err := b.Network.policy(b.AllowInternetAccess)
+		n, err := networkPolicy(b.Network, b.AllowInternetAccess)
 		if err != nil {
 			s.fail(w, r, err)
 			return
@@ -237,49 +201,46 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, s.sandboxJSON(sb))
 }
 
-// detailBody is E2B's SandboxDetail; listedBody is a ListedSandbox (the
-// same fields minus tokens and domain).
-type detailBody struct {
-	listedBody
-	EnvdAccessToken     string         `json:"envdAccessToken"`
-	Domain              *string        `json:"domain"`
-	AllowInternetAccess bool           `json:"allowInternetAccess"`
-	Network             networkOut     `json:"network"`
-	Lifecycle           map[string]any `json:"lifecycle"`
-	// PauseMode is what a paused sandbox's pause saved: full or
-	// filesystem (absent while it runs).
-	PauseMode string `json:"pauseMode,omitempty"`
-	// Ours: where the sandbox's state comes from.
-	ParentSandboxID string `json:"parentSandboxID,omitempty"`
-	SnapshotID      string `json:"snapshotID,omitempty"`
-	BootMode        string `json:"bootMode,omitempty"`
-}
-
-type listedBody struct {
-	TemplateID  string            `json:"templateID"`
-	SandboxID   string            `json:"sandboxID"`
-	ClientID    string            `json:"clientID"`
-	StartedAt   string            `json:"startedAt"`
-	EndAt       string            `json:"endAt"`
-	CPUCount    int               `json:"cpuCount"`
-	MemoryMB    int               `json:"memoryMB"`
-	DiskSizeMB  int               `json:"diskSizeMB"`
-	State       string            `json:"state"`
-	EnvdVersion string            `json:"envdVersion"`
-	Metadata    map[string]string `json:"metadata"`
-	// Ours (absent for sandboxes of an older daemon).
-	PidsMax   int `json:"pidsMax,omitempty"`
-	OpenFiles int `json:"openFiles,omitempty"`
-}
-
-func listedJSON(sb *sandbox.Sandbox) listedBody {
-	return listedBody{
+// listedJSON is E2B's ListedSandbox.
+func listedJSON(sb *sandbox.Sandbox) apitypes.ListedSandbox {
+	return apitypes.ListedSandbox{
 		TemplateID: sb.TemplateID, SandboxID: sb.ID, ClientID: clientID,
-		StartedAt: sb.StartedAt.Format(time.RFC3339Nano), EndAt: sb.EndAt.Format(time.RFC3339Nano),
+		StartedAt: sb.StartedAt, EndAt: sb.EndAt,
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB,
-		State: string(sb.State), EnvdVersion: EnvdVersion, Metadata: sb.Metadata,
-		PidsMax: sb.PidsMax, OpenFiles: sb.OpenFiles,
+		State: apitypes.ListedSandboxState(sb.State), EnvdVersion: EnvdVersion, Metadata: sb.Metadata,
+		PidsMax: apitypes.Optional(sb.PidsMax), OpenFiles: apitypes.Optional(sb.OpenFiles),
 	}
+}
+
+// detailJSON is E2B's SandboxDetail: a ListedSandbox plus tokens, domain,
+// network and lifecycle, and (ours) where its state comes from.
+func (s *Server) detailJSON(sb *sandbox.Sandbox) apitypes.SandboxDetail {
+	l := listedJSON(sb)
+	return apitypes.SandboxDetail{
+		TemplateID: l.TemplateID, SandboxID: l.SandboxID, ClientID: l.ClientID,
+		StartedAt: l.StartedAt, EndAt: l.EndAt,
+		CPUCount: l.CPUCount, MemoryMB: l.MemoryMB, DiskSizeMB: l.DiskSizeMB,
+		State: apitypes.SandboxDetailState(l.State), EnvdVersion: l.EnvdVersion, Metadata: l.Metadata,
+		PidsMax: l.PidsMax, OpenFiles: l.OpenFiles,
+		EnvdAccessToken: sb.AccessToken, Domain: s.domain(),
+		AllowInternetAccess: sb.Network.AllowInternet, Network: networkJSON(sb.Network),
+		Lifecycle: apitypes.SandboxLifecycle{AutoResume: sb.AutoResume,
+			OnTimeout: apitypes.SandboxLifecycleOnTimeout(sb.OnTimeout)},
+		ParentSandboxID: apitypes.Optional(sb.ParentID), SnapshotID: apitypes.Optional(sb.BaseSnapshot), BootMode: bootMode(sb.BootMode),
+		PauseMode: pauseMode(sb),
+	}
+}
+
+// pauseMode is E2B's SandboxPauseMode of a paused sandbox (absent while it
+// runs). Records of older daemons say nothing: their pauses were full.
+func pauseMode(sb *sandbox.Sandbox) *apitypes.SandboxDetailPauseMode {
+	switch {
+	case sb.State != sandbox.StatePaused:
+		return nil
+	case sb.PauseMode == sandbox.PauseFiles:
+		return apitypes.Optional(apitypes.SandboxDetailPauseModeFilesystem)
+	}
+	return apitypes.Optional(apitypes.SandboxDetailPauseModeFull)
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
@@ -288,25 +249,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, detailBody{
-		listedBody: listedJSON(sb), EnvdAccessToken: sb.AccessToken, Domain: s.domain(),
-		AllowInternetAccess: sb.Network.AllowInternet, Network: networkJSON(sb.Network),
-		Lifecycle:       map[string]any{"autoResume": sb.AutoResume, "onTimeout": sb.OnTimeout},
-		ParentSandboxID: sb.ParentID, SnapshotID: sb.BaseSnapshot, BootMode: sb.BootMode,
-		PauseMode: pauseMode(sb),
-	})
-}
-
-// pauseMode is E2B's SandboxPauseMode of a paused sandbox ("" while it
-// runs). Records of older daemons say nothing: their pauses were full.
-func pauseMode(sb *sandbox.Sandbox) string {
-	switch {
-	case sb.State != sandbox.StatePaused:
-		return ""
-	case sb.PauseMode == sandbox.PauseFiles:
-		return sandbox.PauseFiles
-	}
-	return sandbox.PauseFull
+	writeJSON(w, http.StatusOK, s.detailJSON(sb))
 }
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
@@ -318,9 +261,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
-	var b struct {
-		Timeout *int `json:"timeout"`
-	}
+	var b apitypes.TimeoutRequest
 	if err := decode(w, r, &b); err != nil {
 		s.fail(w, r, err)
 		return
@@ -339,9 +280,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 // refresh is E2B's v1 keep-alive: extend the timeout by duration seconds
 // from now (default 60).
 func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
-	var b struct {
-		Duration *int `json:"duration"`
-	}
+	var b apitypes.RefreshRequest
 	if err := decode(w, r, &b); err != nil {
 		s.fail(w, r, err)
 		return
@@ -366,10 +305,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) { s.resumeSandb
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) { s.resumeSandbox(w, r, true) }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, mustBePaused bool) {
-	var b struct {
-		Timeout *int  `json:"timeout"`
-		Memory  *bool `json:"memory"` // false: reboot from the files (E2B's on_resume="reboot")
-	}
+	var b apitypes.ConnectRequest
 	if err := decode(w, r, &b); err != nil {
 		s.fail(w, r, err)
 		return
@@ -383,6 +319,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, mustBePau
 		}
 		timeout = time.Duration(*b.Timeout) * time.Second
 	}
+	// memory false: reboot from the files (E2B's on_resume="reboot").
 	req := sandbox.ConnectRequest{Timeout: timeout, MustBePaused: mustBePaused, Reboot: b.Memory != nil && !*b.Memory}
 	sb, resumed, err := s.m.Connect(r.Context(), id, req)
 	if err != nil {
@@ -418,13 +355,13 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out := make([]map[string]any, 0, len(ms))
+	out := make([]apitypes.SandboxMetric, 0, len(ms))
 	for _, m := range ms {
-		out = append(out, map[string]any{
-			"timestamp": m.At.Format(time.RFC3339Nano), "timestampUnix": m.At.Unix(),
-			"cpuCount": m.CPUCount, "cpuUsedPct": m.CPUUsedPct,
-			"memUsed": m.MemUsed, "memTotal": m.MemTotal, "memCache": m.MemCache,
-			"diskUsed": m.DiskUsed, "diskTotal": m.DiskTotal,
+		out = append(out, apitypes.SandboxMetric{
+			Timestamp: m.At, TimestampUnix: m.At.Unix(),
+			CPUCount: m.CPUCount, CPUUsedPct: m.CPUUsedPct,
+			MemUsed: int64(m.MemUsed), MemTotal: int64(m.MemTotal), MemCache: int64(m.MemCache),
+			DiskUsed: int64(m.DiskUsed), DiskTotal: int64(m.DiskTotal),
 		})
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -438,7 +375,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	var page []listedBody
+	var page []apitypes.ListedSandbox
 	all, err := s.m.List(r.Context()) // sorted by (startedAt, id)
 	if err != nil {
 		s.fail(w, r, err)
@@ -462,7 +399,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Next-Token", next)
 	}
 	if page == nil {
-		page = []listedBody{}
+		page = []apitypes.ListedSandbox{}
 	}
 	writeJSON(w, http.StatusOK, page)
 }

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/cellfork/cellfork/internal/api/apitypes"
 )
 
 // TestMethodNotAllowed: a path the API serves, asked with a method it does
@@ -32,7 +34,7 @@ func TestMethodNotAllowed(t *testing.T) {
 		if rec.Code != c.want || rec.Header().Get("Allow") != c.allow {
 			t.Errorf("%s %s: %d Allow %q, want %d Allow %q", c.method, c.path, rec.Code, rec.Header().Get("Allow"), c.want, c.allow)
 		}
-		var body errorBody
+		var body apitypes.Error
 		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || body.Code != c.want || body.Message == "" {
 			t.Errorf("%s %s: body %s is not the error body", c.method, c.path, rec.Body)
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/api/apitypes"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
@@ -17,16 +18,13 @@ import (
 // resuming reboots it). With our {"spill": true} its state also goes to
 // disk now, freeing its memory, instead of after --spill-after.
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
-	var b struct {
-		Spill               bool  `json:"spill"`
-		Memory              *bool `json:"memory"`
-		RequireHealthyGuest bool  `json:"requireHealthyGuest"`
-	}
+	var b apitypes.PauseRequest
 	if err := decode(w, r, &b); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	req := sandbox.PauseRequest{Spill: b.Spill, FilesOnly: b.Memory != nil && !*b.Memory, RequireHealthyAgent: b.RequireHealthyGuest}
+	req := sandbox.PauseRequest{Spill: apitypes.Value(b.Spill), FilesOnly: b.Memory != nil && !*b.Memory,
+		RequireHealthyAgent: apitypes.Value(b.RequireHealthyGuest)}
 	if err := s.m.Pause(r.Context(), r.PathValue("id"), req); err != nil {
 		s.fail(w, r, err)
 		return
@@ -34,38 +32,27 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// snapshotBody is E2B's SnapshotInfo plus our tree fields.
-type snapshotBody struct {
-	SnapshotID string   `json:"snapshotID"`
-	Names      []string `json:"names"`
-	ParentID   *string  `json:"parentID"`
-	SandboxID  string   `json:"sandboxID"`
-	TemplateID string   `json:"templateID"`
-	SizeBytes  int64    `json:"sizeBytes"`
-	CreatedAt  string   `json:"createdAt"`
-}
-
-func snapshotJSON(sn *sandbox.Snapshot) snapshotBody {
-	b := snapshotBody{SnapshotID: sn.ID, Names: sn.Names, SandboxID: sn.SandboxID, TemplateID: sn.TemplateID,
-		SizeBytes: sn.SizeBytes, CreatedAt: sn.CreatedAt.Format(time.RFC3339Nano)}
+// snapshotJSON is E2B's SnapshotInfo plus our tree fields.
+func snapshotJSON(sn *sandbox.Snapshot) apitypes.Snapshot {
+	b := apitypes.Snapshot{SnapshotID: sn.ID, Names: sn.Names, ParentID: apitypes.Optional(sn.ParentID),
+		SandboxID: sn.SandboxID, TemplateID: sn.TemplateID, SizeBytes: sn.SizeBytes, CreatedAt: sn.CreatedAt}
 	if b.Names == nil {
 		b.Names = []string{}
-	}
-	if sn.ParentID != "" {
-		b.ParentID = &sn.ParentID
 	}
 	return b
 }
 
 func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
-	var b struct {
-		Name string `json:"name"`
-	}
+	var b apitypes.SnapshotRequest
 	if err := decode(w, r, &b); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	sn, err := s.m.Snapshot(r.Context(), r.PathValue("id"), b.Name)
+	err := s.checkTreeName(r.Context(), r.PathValue("id"), apitypes.Value(b.Name))
+	var sn *sandbox.Snapshot
+	if err == nil {
+		sn, err = s.m.Snapshot(r.Context(), r.PathValue("id"), apitypes.Value(b.Name))
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -100,7 +87,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	page := []snapshotBody{}
+	page := []apitypes.Snapshot{}
 	for _, sn := range all {
 		key := sn.CreatedAt.Format("20060102150405.000000000") + ":" + sn.ID
 		if key <= after && after != "" || q.Get("sandboxID") != "" && sn.SandboxID != q.Get("sandboxID") ||
@@ -133,7 +120,7 @@ func (s *Server) snapshotUsage(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]int64{"totalBytes": u.TotalBytes, "capBytes": u.CapBytes, "count": int64(u.Count)})
+	writeJSON(w, http.StatusOK, apitypes.SnapshotUsage{TotalBytes: u.TotalBytes, CapBytes: u.CapBytes, Count: u.Count})
 }
 
 // deleteSnapshot serves E2B's DELETE /templates/{id} for snapshots (and
@@ -146,17 +133,8 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// forkResult is E2B's SandboxForkResult.
-type forkResult struct {
-	Sandbox *sandboxBody `json:"sandbox,omitempty"`
-	Error   *errorBody   `json:"error,omitempty"`
-}
-
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
-	var b struct {
-		Timeout *int `json:"timeout"`
-		Count   *int `json:"count"`
-	}
+	var b apitypes.ForkRequest
 	if err := decode(w, r, &b); err != nil {
 		s.fail(w, r, err)
 		return
@@ -173,11 +151,11 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out := make([]forkResult, len(results))
+	out := make([]apitypes.ForkResult, len(results))
 	for i, res := range results {
 		if res.Err != nil {
 			status, msg := s.errorOf(r, res.Err)
-			out[i].Error = &errorBody{Code: status, Message: msg}
+			out[i].Error = &apitypes.ForkError{Code: status, Message: msg}
 			continue
 		}
 		sb := s.sandboxJSON(res.Sandbox)
@@ -187,9 +165,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) rollback(w http.ResponseWriter, r *http.Request) {
-	var b struct {
-		SnapshotID string `json:"snapshotID"`
-	}
+	var b apitypes.RollbackRequest
 	if err := decode(w, r, &b); err != nil {
 		s.fail(w, r, err)
 		return
@@ -207,9 +183,7 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) merge(w http.ResponseWriter, r *http.Request) {
-	var b struct {
-		SandboxID string `json:"sandboxID"`
-	}
+	var b apitypes.MergeRequest
 	if err := decode(w, r, &b); err != nil {
 		s.fail(w, r, err)
 		return

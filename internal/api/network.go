@@ -3,26 +3,15 @@ package api
 import (
 	"net/http"
 
+	"github.com/cellfork/cellfork/internal/api/apitypes"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
-// networkBody is E2B's create-time `network` object and, with
-// allow_internet_access, its SandboxNetworkUpdateConfig.
-type networkBody struct {
-	AllowPublicTraffic *bool          `json:"allowPublicTraffic"`
-	AllowOut           []string       `json:"allowOut"`
-	DenyOut            []string       `json:"denyOut"`
-	DNSServers         []string       `json:"dnsServers"`
-	EgressProxy        map[string]any `json:"egressProxy"`
-	MaskRequestHost    *string        `json:"maskRequestHost"`
-	HTTPSPorts         []int          `json:"httpsPorts"`
-	Rules              map[string]any `json:"rules"`
-}
-
-// policy turns the E2B shape into ours. Options we do not implement are
-// refused, not ignored. A nil body is E2B's default.
-func (b *networkBody) policy(allowInternet *bool) (sandbox.Network, error) {
+// networkPolicy turns E2B's create-time `network` object (nil: E2B's
+// default) and its allow_internet_access into our policy. Options we do not
+// implement are refused, not ignored.
+func networkPolicy(b *apitypes.NetworkConfig, allowInternet *bool) (sandbox.Network, error) {
 	n := sandbox.DefaultNetwork
 	if allowInternet != nil {
 		n.AllowInternet = *allowInternet
@@ -43,16 +32,9 @@ func (b *networkBody) policy(allowInternet *bool) (sandbox.Network, error) {
 	return n, nil
 }
 
-// networkOut is the policy as reported (E2B's `network` in SandboxDetail).
-type networkOut struct {
-	AllowPublicTraffic bool     `json:"allowPublicTraffic"`
-	AllowOut           []string `json:"allowOut"`
-	DenyOut            []string `json:"denyOut"`
-	DNSServers         []string `json:"dnsServers,omitempty"`
-}
-
-func networkJSON(n sandbox.Network) networkOut {
-	out := networkOut{AllowPublicTraffic: n.AllowPublicTraffic, AllowOut: n.AllowOut, DenyOut: n.DenyOut, DNSServers: n.DNSServers}
+// networkJSON is the policy as reported (E2B's `network` in SandboxDetail).
+func networkJSON(n sandbox.Network) apitypes.NetworkOut {
+	out := apitypes.NetworkOut{AllowPublicTraffic: n.AllowPublicTraffic, AllowOut: n.AllowOut, DenyOut: n.DenyOut, DNSServers: n.DNSServers}
 	if out.AllowOut == nil {
 		out.AllowOut = []string{}
 	}
@@ -67,10 +49,7 @@ func networkJSON(n sandbox.Network) networkOut {
 // Ingress (allowPublicTraffic) is set at create and kept. The body is
 // required: a request that lost it must not open the sandbox's egress.
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
-	var b struct {
-		networkBody
-		AllowInternetAccess *bool `json:"allow_internet_access"`
-	}
+	var b apitypes.NetworkConfig
 	if err := decodeRequired(w, r, &b); err != nil {
 		s.fail(w, r, err)
 		return
@@ -82,7 +61,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b.AllowPublicTraffic = &cur.Policy.AllowPublicTraffic
-	n, err := b.networkBody.policy(b.AllowInternetAccess)
+	n, err := networkPolicy(&b, b.AllowInternetAccess)
 	if err == nil {
 		err = s.m.UpdateNetwork(r.Context(), id, n)
 	}
@@ -101,9 +80,6 @@ func (s *Server) getNetwork(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"allowInternetAccess": st.Policy.AllowInternet,
-		"network":             networkJSON(st.Policy),
-		"deniedConnections":   st.Denied,
-	})
+	writeJSON(w, http.StatusOK, apitypes.NetworkStatus{AllowInternetAccess: st.Policy.AllowInternet,
+		Network: networkJSON(st.Policy), DeniedConnections: int(st.Denied)})
 }

@@ -353,6 +353,7 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		// test/integration covers 400 (bad or reserved name) and 409.
 		{name: "snapshot of unknown sandbox with a bad name", method: "POST", path: "/sandboxes/abc/snapshots", specPath: "/sandboxes/{id}/snapshots", body: `{"name":"-x"}`, headers: key, want: 404},
 		{name: "snapshot of unknown sandbox with a taken name", method: "POST", path: "/sandboxes/abc/snapshots", specPath: "/sandboxes/{id}/snapshots", body: `{"name":"first"}`, headers: key, want: 404},
+		{name: "snapshot of unknown sandbox named tree", method: "POST", path: "/sandboxes/abc/snapshots", specPath: "/sandboxes/{id}/snapshots", body: `{"name":"tree"}`, headers: key, want: 404},
 		{name: "snapshot of unknown sandbox over the cap", method: "POST", path: "/sandboxes/abc/snapshots", specPath: "/sandboxes/{id}/snapshots", body: `{"name":"new"}`, headers: key, want: 404},
 		{name: "list snapshots", method: "GET", path: "/snapshots", headers: key, want: 200},
 		{name: "list snapshots paged", method: "GET", path: "/snapshots?limit=1", specPath: "/snapshots", headers: key, want: 200, wantHeaders: []string{"X-Next-Token"}},
@@ -361,6 +362,7 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		{name: "list snapshots empty limit", method: "GET", path: "/snapshots?limit=", specPath: "/snapshots", headers: key, want: 400},
 		{name: "list snapshots bad token", method: "GET", path: "/snapshots?nextToken=x", specPath: "/snapshots", headers: key, want: 400},
 		{name: "snapshot usage", method: "GET", path: "/snapshots/usage", headers: key, want: 200},
+		{name: "snapshot tree", method: "GET", path: "/snapshots/tree", headers: key, want: 200},
 		{name: "get snapshot by name", method: "GET", path: "/snapshots/first", specPath: "/snapshots/{snapshotID}", headers: key, want: 200},
 		{name: "get snapshot unknown", method: "GET", path: "/snapshots/nope", specPath: "/snapshots/{snapshotID}", headers: key, want: 404},
 		{name: "delete snapshot unknown", method: "DELETE", path: "/snapshots/nope", specPath: "/snapshots/{snapshotID}", headers: key, want: 404},

@@ -12,9 +12,10 @@ import (
 	"net/http/httputil"
 	"regexp"
 	"strconv"
-	"strings"
+	"syscall"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/api/apitypes"
 	"github.com/cellfork/cellfork/internal/envd"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
@@ -46,7 +47,7 @@ func dataPlaneTarget(r *http.Request) (target, bool) {
 
 // proxyError is the edge's answer the SDKs understand (spec §4.7).
 func proxyError(w http.ResponseWriter, reqID, sandboxID string, status int, msg string) {
-	writeJSON(w, status, map[string]any{"sandboxId": sandboxID, "message": msg, "code": status, "requestId": reqID})
+	writeJSON(w, status, apitypes.ProxyError{SandboxID: sandboxID, Message: msg, Code: status, RequestID: reqID})
 }
 
 // tooLarge refuses an upload past the limit. The rest of the body is never
@@ -160,7 +161,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 				proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox was not found: "+msg)
 			case r.Context().Err() != nil:
 				// The client went away; nobody to answer.
-			case strings.Contains(err.Error(), "connection refused"):
+			case errors.Is(err, syscall.ECONNREFUSED):
 				proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox is running but port is not open")
 			default:
 				s.log.Warn("proxy error", "request.id", reqID, "sandbox.id", t.sandboxID, "port", t.port, "err", err)

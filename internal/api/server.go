@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/api/apitypes"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/timing"
 )
@@ -230,13 +231,6 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request, reqID string
 	return r.WithContext(ctx), true
 }
 
-// errorBody is the E2B error shape (code = HTTP status) plus our request id.
-type errorBody struct {
-	Code      int    `json:"code"`
-	Message   string `json:"message"`
-	RequestID string `json:"requestId,omitempty"`
-}
-
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -247,7 +241,8 @@ func writeError(w http.ResponseWriter, reqID string, status int, msg string) {
 	if status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
 		w.Header().Set("Should-Retry", "false")
 	}
-	writeJSON(w, status, errorBody{Code: status, Message: msg, RequestID: reqID})
+	// E2B's error shape (code = HTTP status) plus our request id.
+	writeJSON(w, status, apitypes.Error{Code: status, Message: msg, RequestID: apitypes.Optional(reqID)})
 }
 
 // statusOf maps an error class to its HTTP status: the one place that does.

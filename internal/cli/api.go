@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/cellfork/cellfork/internal/api/apitypes"
 )
 
 const (
@@ -147,25 +149,15 @@ func (c *apiClient) call(ctx context.Context, method, path string, query url.Val
 	return resp.StatusCode, resp.Header, nil
 }
 
-// sandboxInfo is the part of the daemon's Sandbox JSON the CLI reads.
-type sandboxInfo struct {
-	SandboxID       string  `json:"sandboxID"`
-	TemplateID      string  `json:"templateID"`
-	EnvdAccessToken *string `json:"envdAccessToken"`
-}
-
 // accessToken connects to sandbox id (resuming it if paused) and returns its
 // data-plane access token, "" if the daemon issued none.
 func (c *apiClient) accessToken(ctx context.Context, id string) (string, error) {
-	var sb sandboxInfo
+	var sb apitypes.Sandbox
 	path := "/v2/sandboxes/" + url.PathEscape(id) + "/connect"
-	if _, err := c.do(ctx, http.MethodPost, path, nil, struct{}{}, &sb); err != nil {
+	if _, err := c.do(ctx, http.MethodPost, path, nil, apitypes.ConnectRequest{}, &sb); err != nil {
 		return "", err
 	}
-	if sb.EnvdAccessToken == nil {
-		return "", nil
-	}
-	return *sb.EnvdAccessToken, nil
+	return sb.EnvdAccessToken, nil
 }
 
 // captureTransport remembers, for the last response, the X-Request-Id and

@@ -297,10 +297,15 @@ func (k *kvFlag) Set(s string) error {
 	return nil
 }
 
-// orEmpty returns the map, or an empty non-nil map (which encodes as {}).
-func (k *kvFlag) orEmpty() map[string]string {
-	if k.m == nil {
-		return map[string]string{}
+// wire returns the pairs as the API's string maps have them (values are
+// nullable there); nil when there are none.
+func (k *kvFlag) wire() map[string]*string {
+	if len(k.m) == 0 {
+		return nil
 	}
-	return k.m
+	out := make(map[string]*string, len(k.m))
+	for key, v := range k.m {
+		out[key] = &v
+	}
+	return out
 }

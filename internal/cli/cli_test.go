@@ -66,9 +66,12 @@ func TestKVFlag(t *testing.T) {
 			t.Errorf("Set(%q) succeeded, want error", bad)
 		}
 	}
+	if w := k.wire(); len(w) != 3 || *w["B"] != "x=y" || *w["C"] != "" {
+		t.Errorf("wire() = %v", w)
+	}
 	var empty kvFlag
-	if m := empty.orEmpty(); m == nil || len(m) != 0 {
-		t.Errorf("orEmpty() = %v, want empty non-nil map", m)
+	if m := empty.wire(); m != nil {
+		t.Errorf("wire() = %v, want nil (the key left out)", m)
 	}
 }
 

@@ -35,6 +35,12 @@ func (d *fakeDaemon) forkFirstRoutes(mux *http.ServeMux) {
 		d.mu.Unlock()
 		servePages(w, r, pages)
 	})
+	mux.HandleFunc("GET /snapshots/tree", func(w http.ResponseWriter, r *http.Request) {
+		d.mu.Lock()
+		tree := d.tree
+		d.mu.Unlock()
+		io.WriteString(w, tree)
+	})
 	mux.HandleFunc("GET /snapshots/usage", func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, `{"totalBytes":3221225472,"capBytes":21474836480,"count":3}`)
 	})

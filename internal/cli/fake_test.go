@@ -34,6 +34,7 @@ type fakeDaemon struct {
 	requests []*recorded
 	pages    []listPage // GET /v2/sandboxes answers, by page
 	snaps    []listPage // GET /snapshots answers, by page
+	tree     string     // GET /snapshots/tree answer
 	execute  string     // POST /execute NDJSON answer
 }
 

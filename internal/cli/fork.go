@@ -6,17 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-)
 
-// forkResultInfo is one element of the POST /sandboxes/{id}/fork answer:
-// a child sandbox or the error that kept it from starting.
-type forkResultInfo struct {
-	Sandbox *sandboxInfo `json:"sandbox"`
-	Error   *struct {
-		Code    int    `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
+	"github.com/cellfork/cellfork/internal/api/apitypes"
+)
 
 func (a *app) fork(ctx context.Context, args []string) error {
 	fs := a.flagSet("fork")
@@ -37,15 +29,14 @@ func (a *app) fork(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	body := struct {
-		Count   int `json:"count"`
-		Timeout int `json:"timeout,omitempty"`
-	}{*count, *timeout}
+	body := apitypes.ForkRequest{Count: count, Timeout: apitypes.Optional(*timeout)}
 	var raw json.RawMessage
 	if _, err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/fork", nil, body, &raw); err != nil {
 		return err
 	}
-	var results []forkResultInfo
+	// One result per child: a sandbox, or the error that kept it from
+	// starting.
+	var results []apitypes.ForkResult
 	if err := json.Unmarshal(raw, &results); err != nil {
 		return fmt.Errorf("decoding fork response: %w", err)
 	}
@@ -93,7 +84,7 @@ func (a *app) sandboxAction(ctx context.Context, id, action string, body any) er
 	if a.g.json {
 		return a.printJSON(raw)
 	}
-	var sb sandboxInfo
+	var sb apitypes.Sandbox
 	if err := json.Unmarshal(raw, &sb); err != nil || sb.SandboxID == "" {
 		return fmt.Errorf("decoding %s response: no sandboxID in %s", action, raw)
 	}
@@ -110,7 +101,7 @@ func (a *app) rollback(ctx context.Context, args []string) error {
 	if len(pos) != 2 {
 		return &usageError{msg: "want a sandbox id and a snapshot id or name", usage: usageRollback}
 	}
-	return a.sandboxAction(ctx, pos[0], "rollback", map[string]string{"snapshotID": pos[1]})
+	return a.sandboxAction(ctx, pos[0], "rollback", apitypes.RollbackRequest{SnapshotID: pos[1]})
 }
 
 func (a *app) merge(ctx context.Context, args []string) error {
@@ -122,7 +113,7 @@ func (a *app) merge(ctx context.Context, args []string) error {
 	if len(pos) != 2 {
 		return &usageError{msg: "want a parent and a child sandbox id", usage: usageMerge}
 	}
-	return a.sandboxAction(ctx, pos[0], "merge", map[string]string{"sandboxID": pos[1]})
+	return a.sandboxAction(ctx, pos[0], "merge", apitypes.MergeRequest{SandboxID: pos[1]})
 }
 
 // pauseResult is `pause --json`.
@@ -143,9 +134,7 @@ func (a *app) pause(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	body := struct {
-		Spill bool `json:"spill,omitempty"`
-	}{*spill}
+	body := apitypes.PauseRequest{Spill: apitypes.Optional(*spill)}
 	if _, err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/pause", nil, body, nil); err != nil {
 		return err
 	}
@@ -170,9 +159,7 @@ func (a *app) resume(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	body := struct {
-		Timeout int `json:"timeout,omitempty"`
-	}{*timeout}
+	body := apitypes.ConnectRequest{Timeout: apitypes.Optional(*timeout)}
 	var raw json.RawMessage
 	status, _, err := c.call(ctx, http.MethodPost, "/v2/sandboxes/"+url.PathEscape(id)+"/connect", nil, body, &raw)
 	if err != nil {
@@ -189,7 +176,7 @@ func (a *app) resume(ctx context.Context, args []string) error {
 		obj["resumed"] = json.RawMessage(fmt.Sprint(resumed))
 		return a.printJSONValue(obj)
 	}
-	var sb sandboxInfo
+	var sb apitypes.Sandbox
 	if err := json.Unmarshal(raw, &sb); err != nil || sb.SandboxID == "" {
 		return fmt.Errorf("decoding connect response: no sandboxID in %s", raw)
 	}

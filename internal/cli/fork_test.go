@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+
+	"github.com/cellfork/cellfork/internal/api/apitypes"
 )
 
 func TestFork(t *testing.T) {
@@ -26,7 +28,7 @@ func TestFork(t *testing.T) {
 	}
 
 	code, out, _ = d.run(context.Background(), "", "--json", "fork", "--count=2", "sbx1")
-	var res []forkResultInfo
+	var res []apitypes.ForkResult
 	if err := json.Unmarshal([]byte(out), &res); code != 0 || err != nil || len(res) != 2 || res[1].Sandbox.SandboxID != "child2" {
 		t.Errorf("--json: code %d out %q err %v", code, out, err)
 	}
@@ -46,7 +48,7 @@ func TestForkPartialFailure(t *testing.T) {
 	}
 
 	code, out, errOut = d.run(context.Background(), "", "fork", "-n", "2", "--json", "partial")
-	var res []forkResultInfo
+	var res []apitypes.ForkResult
 	if err := json.Unmarshal([]byte(out), &res); code != 1 || err != nil || len(res) != 2 || res[1].Error == nil || res[1].Error.Code != 503 {
 		t.Errorf("--json: code %d out %q err %v", code, out, err)
 	}

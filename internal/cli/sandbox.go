@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"text/tabwriter"
 	"time"
+
+	"github.com/cellfork/cellfork/internal/api/apitypes"
 )
 
 // maxListPages guards against a daemon that never stops paging.
@@ -33,28 +35,6 @@ func (a *app) sandbox(ctx context.Context, args []string) error {
 		return a.sandboxKill(ctx, rest[1:])
 	}
 	return &usageError{msg: fmt.Sprintf("unknown sandbox subcommand %q", rest[0]), usage: usageSandbox}
-}
-
-// createRequest is NewSandboxV2 (spec §2.4.1) plus cellfork's limits
-// (sent only when given; the daemon checks them).
-type createRequest struct {
-	TemplateID string            `json:"templateID"`
-	Timeout    int               `json:"timeout"`
-	Metadata   map[string]string `json:"metadata"`
-	EnvVars    map[string]string `json:"envVars"`
-	CPUCount   *int              `json:"cpuCount,omitempty"`
-	MemoryMB   *int              `json:"memoryMB,omitempty"`
-	DiskSizeMB *int              `json:"diskSizeMB,omitempty"`
-	PidsMax    *int              `json:"pidsMax,omitempty"`
-	OpenFiles  *int              `json:"openFiles,omitempty"`
-	// Egress, as E2B sends it.
-	AllowInternetAccess *bool          `json:"allow_internet_access,omitempty"`
-	Network             *createNetwork `json:"network,omitempty"`
-}
-
-type createNetwork struct {
-	AllowOut []string `json:"allowOut,omitempty"`
-	DenyOut  []string `json:"denyOut,omitempty"`
 }
 
 func (a *app) sandboxCreate(ctx context.Context, args []string) error {
@@ -102,14 +82,15 @@ func (a *app) sandboxCreate(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	req := createRequest{TemplateID: *template, Timeout: *timeout, Metadata: meta.orEmpty(), EnvVars: env.orEmpty(),
+	// Limits are sent only when given; the daemon checks them.
+	req := apitypes.NewSandbox{TemplateID: *template, Timeout: timeout, Metadata: meta.wire(), EnvVars: env.wire(),
 		CPUCount: given("cpus"), MemoryMB: given("memory-mb"), DiskSizeMB: given("disk-mb"),
 		PidsMax: given("pids-max"), OpenFiles: given("open-files")}
 	if *noInternet {
 		req.AllowInternetAccess = new(bool)
 	}
 	if len(allowOut) > 0 || len(denyOut) > 0 {
-		req.Network = &createNetwork{AllowOut: allowOut, DenyOut: denyOut}
+		req.Network = &apitypes.NetworkConfig{AllowOut: allowOut, DenyOut: denyOut}
 	}
 	var raw json.RawMessage
 	if _, err := c.do(ctx, http.MethodPost, "/v2/sandboxes", nil, req, &raw); err != nil {
@@ -118,7 +99,7 @@ func (a *app) sandboxCreate(ctx context.Context, args []string) error {
 	if a.g.json {
 		return a.printJSON(raw)
 	}
-	var sb sandboxInfo
+	var sb apitypes.Sandbox
 	if err := json.Unmarshal(raw, &sb); err != nil || sb.SandboxID == "" {
 		return fmt.Errorf("decoding create response: no sandboxID in %s", raw)
 	}
@@ -135,16 +116,6 @@ func (a *app) printJSON(raw json.RawMessage) error {
 	buf.WriteByte('\n')
 	_, err := a.stdout.Write(buf.Bytes())
 	return err
-}
-
-// listedSandbox is the part of ListedSandbox (spec §2.4.4) the table shows.
-type listedSandbox struct {
-	SandboxID  string `json:"sandboxID"`
-	TemplateID string `json:"templateID"`
-	Alias      string `json:"alias"`
-	State      string `json:"state"`
-	StartedAt  string `json:"startedAt"`
-	EndAt      string `json:"endAt"`
 }
 
 func (a *app) sandboxList(ctx context.Context, args []string) error {
@@ -225,26 +196,17 @@ func (a *app) printSandboxTable(items []json.RawMessage) error {
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tTEMPLATE\tSTATE\tSTARTED\tENDS")
 	for _, raw := range items {
-		var s listedSandbox
+		var s apitypes.ListedSandbox
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return fmt.Errorf("decoding listed sandbox: %w", err)
 		}
-		template := s.TemplateID
-		if s.Alias != "" {
-			template = s.Alias
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.SandboxID, template, s.State, shortTime(s.StartedAt), shortTime(s.EndAt))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.SandboxID, s.TemplateID, s.State, shortTime(s.StartedAt), shortTime(s.EndAt))
 	}
 	return tw.Flush()
 }
 
-// shortTime renders an RFC 3339 time in UTC to the second; other strings
-// are shown as they are.
-func shortTime(s string) string {
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		return s
-	}
+// shortTime renders a time in UTC to the second.
+func shortTime(t time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
 

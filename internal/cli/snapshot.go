@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/cellfork/cellfork/internal/api/apitypes"
 )
 
 func (a *app) snapshot(ctx context.Context, args []string) error {
@@ -38,27 +40,11 @@ func (a *app) snapshot(ctx context.Context, args []string) error {
 	return &usageError{msg: fmt.Sprintf("unknown snapshot subcommand %q", rest[0]), usage: usageSnapshot}
 }
 
-// snapshotInfo is the daemon's snapshot JSON (POST /sandboxes/{id}/snapshots,
-// GET /snapshots).
-type snapshotInfo struct {
-	SnapshotID string   `json:"snapshotID"`
-	Names      []string `json:"names"`
-	ParentID   *string  `json:"parentID"`
-	SandboxID  string   `json:"sandboxID"`
-	TemplateID string   `json:"templateID"`
-	SizeBytes  int64    `json:"sizeBytes"`
-	CreatedAt  string   `json:"createdAt"`
-}
+// parentOf is a snapshot's parentID, "" for a root.
+func parentOf(s *apitypes.Snapshot) string { return apitypes.Value(s.ParentID) }
 
-func (s *snapshotInfo) parent() string {
-	if s.ParentID == nil {
-		return ""
-	}
-	return *s.ParentID
-}
-
-func decodeSnapshot(raw json.RawMessage) (*snapshotInfo, error) {
-	var s snapshotInfo
+func decodeSnapshot(raw json.RawMessage) (*apitypes.Snapshot, error) {
+	var s apitypes.Snapshot
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return nil, fmt.Errorf("decoding snapshot: %w", err)
 	}
@@ -79,9 +65,7 @@ func (a *app) snapshotCreate(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	body := struct {
-		Name string `json:"name,omitempty"`
-	}{*name}
+	body := apitypes.SnapshotRequest{Name: apitypes.Optional(*name)}
 	var raw json.RawMessage
 	if _, err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/snapshots", nil, body, &raw); err != nil {
 		return err
@@ -122,7 +106,7 @@ func (a *app) snapshotList(ctx context.Context, args []string) error {
 	if a.g.json {
 		return a.printJSONValue(items)
 	}
-	snaps := make([]*snapshotInfo, 0, len(items))
+	snaps := make([]*apitypes.Snapshot, 0, len(items))
 	for _, raw := range items {
 		s, err := decodeSnapshot(raw)
 		if err != nil {
@@ -154,14 +138,14 @@ func (a *app) snapshotGet(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return a.printSnapshotTable([]*snapshotInfo{s})
+	return a.printSnapshotTable([]*apitypes.Snapshot{s})
 }
 
-func (a *app) printSnapshotTable(snaps []*snapshotInfo) error {
+func (a *app) printSnapshotTable(snaps []*apitypes.Snapshot) error {
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tNAMES\tPARENT\tSANDBOX\tSIZE\tCREATED")
 	for _, s := range snaps {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.SnapshotID, namesCell(s.Names), orDash(s.parent()),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.SnapshotID, namesCell(s.Names), orDash(parentOf(s)),
 			orDash(s.SandboxID), humanBytes(s.SizeBytes), shortTime(s.CreatedAt))
 	}
 	return tw.Flush()
@@ -193,83 +177,6 @@ func humanBytes(n int64) string {
 	panic("unreachable")
 }
 
-// snapshotNode is one snapshot in the tree built from parentIDs.
-type snapshotNode struct {
-	raw      json.RawMessage
-	info     *snapshotInfo
-	children []*snapshotNode
-	// note explains a root that has a parent: not listed, or a cycle.
-	note string
-}
-
-// buildSnapshotTree arranges snapshots into a forest by parentID, keeping
-// the daemon's order (oldest first) among siblings. A snapshot whose parent
-// is not listed is a root; so is one caught in a parent cycle (which a
-// sane daemon never reports), so every snapshot appears exactly once.
-func buildSnapshotTree(items []json.RawMessage) ([]*snapshotNode, error) {
-	nodes := make([]*snapshotNode, 0, len(items))
-	byID := map[string]*snapshotNode{}
-	for _, raw := range items {
-		s, err := decodeSnapshot(raw)
-		if err != nil {
-			return nil, err
-		}
-		if byID[s.SnapshotID] != nil {
-			continue // listed twice (a page boundary moved); keep the first
-		}
-		n := &snapshotNode{raw: raw, info: s}
-		nodes = append(nodes, n)
-		byID[s.SnapshotID] = n
-	}
-	var roots []*snapshotNode
-	for _, n := range nodes {
-		p := n.info.parent()
-		if parent := byID[p]; parent != nil && p != n.info.SnapshotID {
-			parent.children = append(parent.children, n)
-			continue
-		}
-		switch {
-		case p == n.info.SnapshotID:
-			n.note = "(its own parent)"
-		case p != "":
-			n.note = fmt.Sprintf("(parent %s not listed)", p)
-		}
-		roots = append(roots, n)
-	}
-	// Nodes in a cycle are unreachable from the roots: cut each cycle at its
-	// first node (in list order) and make that a root.
-	reached := map[*snapshotNode]bool{}
-	var mark func(*snapshotNode)
-	mark = func(n *snapshotNode) {
-		if reached[n] {
-			return
-		}
-		reached[n] = true
-		for _, c := range n.children {
-			mark(c)
-		}
-	}
-	for _, r := range roots {
-		mark(r)
-	}
-	for _, n := range nodes {
-		if reached[n] {
-			continue
-		}
-		parent := byID[n.info.parent()]
-		for i, c := range parent.children {
-			if c == n {
-				parent.children = append(parent.children[:i:i], parent.children[i+1:]...)
-				break
-			}
-		}
-		n.note = fmt.Sprintf("(parent cycle via %s)", n.info.parent())
-		roots = append(roots, n)
-		mark(n)
-	}
-	return roots, nil
-}
-
 func (a *app) snapshotTree(ctx context.Context, args []string) error {
 	fs := a.flagSet("snapshot tree")
 	if err := parseNoArgs(fs, args, usageSnapshotTree); err != nil {
@@ -279,37 +186,33 @@ func (a *app) snapshotTree(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	items, err := c.listPages(ctx, "/snapshots", "snapshots", url.Values{})
-	if err != nil {
-		return err
-	}
-	roots, err := buildSnapshotTree(items)
-	if err != nil {
+	// The daemon builds the tree (GET /snapshots/tree); the CLI draws it.
+	var raw json.RawMessage
+	if _, err := c.do(ctx, http.MethodGet, "/snapshots/tree", nil, nil, &raw); err != nil {
 		return err
 	}
 	if a.g.json {
-		out, err := treeJSON(roots)
-		if err != nil {
-			return err
-		}
-		return a.printJSONValue(out)
+		return a.printJSON(raw)
+	}
+	var roots []apitypes.SnapshotNode
+	if err := json.Unmarshal(raw, &roots); err != nil {
+		return fmt.Errorf("decoding snapshot tree: %w", err)
 	}
 	return printSnapshotTree(a.stdout, roots)
 }
 
 // printSnapshotTree draws the forest, one snapshot a line: the id indented
 // under its parent, then its names, size and source sandbox in aligned
-// columns.
-func printSnapshotTree(w io.Writer, roots []*snapshotNode) error {
+// columns. A root whose parent is gone says so.
+func printSnapshotTree(w io.Writer, roots []apitypes.SnapshotNode) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SNAPSHOT\tNAMES\tSIZE\tSANDBOX")
-	var walk func(n *snapshotNode, prefix, branch string)
-	walk = func(n *snapshotNode, prefix, branch string) {
-		s := n.info
-		line := fmt.Sprintf("%s%s%s\t%s\t%s\t%s", prefix, branch, s.SnapshotID, namesCell(s.Names),
-			humanBytes(s.SizeBytes), orDash(s.SandboxID))
-		if n.note != "" {
-			line += "\t" + n.note
+	var walk func(n *apitypes.SnapshotNode, prefix, branch string)
+	walk = func(n *apitypes.SnapshotNode, prefix, branch string) {
+		line := fmt.Sprintf("%s%s%s\t%s\t%s\t%s", prefix, branch, n.SnapshotID, namesCell(n.Names),
+			humanBytes(n.SizeBytes), orDash(n.SandboxID))
+		if p := apitypes.Value(n.ParentID); branch == "" && p != "" {
+			line += fmt.Sprintf("\t(parent %s gone)", p)
 		}
 		fmt.Fprintln(tw, line)
 		switch branch {
@@ -318,41 +221,18 @@ func printSnapshotTree(w io.Writer, roots []*snapshotNode) error {
 		case "└── ":
 			prefix += "    "
 		}
-		for i, c := range n.children {
+		for i := range n.Children {
 			b := "├── "
-			if i == len(n.children)-1 {
+			if i == len(n.Children)-1 {
 				b = "└── "
 			}
-			walk(c, prefix, b)
+			walk(&n.Children[i], prefix, b)
 		}
 	}
-	for _, r := range roots {
-		walk(r, "", "")
+	for i := range roots {
+		walk(&roots[i], "", "")
 	}
 	return tw.Flush()
-}
-
-// treeJSON renders the forest as the daemon's snapshot objects, each with
-// a "children" array.
-func treeJSON(nodes []*snapshotNode) ([]map[string]json.RawMessage, error) {
-	out := make([]map[string]json.RawMessage, 0, len(nodes))
-	for _, n := range nodes {
-		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(n.raw, &obj); err != nil {
-			return nil, fmt.Errorf("decoding snapshot: %w", err)
-		}
-		children, err := treeJSON(n.children)
-		if err != nil {
-			return nil, err
-		}
-		raw, err := json.Marshal(children)
-		if err != nil {
-			return nil, err
-		}
-		obj["children"] = raw
-		out = append(out, obj)
-	}
-	return out, nil
 }
 
 func (a *app) snapshotRemove(ctx context.Context, args []string) error {
@@ -365,13 +245,6 @@ func (a *app) snapshotRemove(ctx context.Context, args []string) error {
 		return &usageError{msg: "missing snapshot id", usage: usageSnapshotRemove}
 	}
 	return a.deleteEach(ctx, ids, "/snapshots/", "snapshotID", "deleted")
-}
-
-// snapshotUsageInfo is GET /snapshots/usage.
-type snapshotUsageInfo struct {
-	TotalBytes int64 `json:"totalBytes"`
-	CapBytes   int64 `json:"capBytes"`
-	Count      int64 `json:"count"`
 }
 
 func (a *app) snapshotUsage(ctx context.Context, args []string) error {
@@ -390,7 +263,7 @@ func (a *app) snapshotUsage(ctx context.Context, args []string) error {
 	if a.g.json {
 		return a.printJSON(raw)
 	}
-	var u snapshotUsageInfo
+	var u apitypes.SnapshotUsage
 	if err := json.Unmarshal(raw, &u); err != nil {
 		return fmt.Errorf("decoding snapshot usage: %w", err)
 	}
@@ -398,7 +271,7 @@ func (a *app) snapshotUsage(ctx context.Context, args []string) error {
 	return nil
 }
 
-func formatUsage(u snapshotUsageInfo) string {
+func formatUsage(u apitypes.SnapshotUsage) string {
 	noun := "snapshots"
 	if u.Count == 1 {
 		noun = "snapshot"

@@ -1,13 +1,15 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/cellfork/cellfork/internal/api/apitypes"
 )
 
 func TestSnapshotCreate(t *testing.T) {
@@ -70,8 +72,8 @@ func TestSnapshotList(t *testing.T) {
 	}
 
 	code, out, _ = d.run(context.Background(), "", "snapshot", "ls", "--json")
-	var items []snapshotInfo
-	if err := json.Unmarshal([]byte(out), &items); code != 0 || err != nil || len(items) != 3 || items[2].parent() != "snapB" {
+	var items []apitypes.Snapshot
+	if err := json.Unmarshal([]byte(out), &items); code != 0 || err != nil || len(items) != 3 || parentOf(&items[2]) != "snapB" {
 		t.Errorf("--json: code %d out %q err %v", code, out, err)
 	}
 	if q := d.last("GET", "/snapshots").Query; q != "nextToken=tok1" {
@@ -107,25 +109,21 @@ func TestSnapshotGet(t *testing.T) {
 	}
 }
 
-// treeFixture: root r with children a (child c) and b, plus o whose parent
-// was never listed.
-func treeFixture() []listPage {
-	return []listPage{
-		{Body: "[" + strings.Join([]string{
-			snapJSON("snapR", "", "sbx1", 100<<20, "base"),
-			snapJSON("snapA", "snapR", "sbx1", 2<<20, "a1", "a2"),
-			snapJSON("snapO", "snapGone", "sbx9", 512),
-		}, ",") + "]", Next: "t1"},
-		{Body: "[" + strings.Join([]string{
-			snapJSON("snapB", "snapR", "sbx2", 3<<20),
-			snapJSON("snapC", "snapA", "sbx3", 4<<20, "deep"),
-		}, ",") + "]"},
+// treeJSON: what GET /snapshots/tree answers for root r with children a
+// (child c) and b, plus o whose parent is gone.
+func treeJSON() string {
+	node := func(snap string, children ...string) string {
+		return snap[:len(snap)-1] + `,"children":[` + strings.Join(children, ",") + "]}"
 	}
+	return "[" + node(snapJSON("snapR", "", "sbx1", 100<<20, "base"),
+		node(snapJSON("snapA", "snapR", "sbx1", 2<<20, "a1", "a2"), node(snapJSON("snapC", "snapA", "sbx3", 4<<20, "deep"))),
+		node(snapJSON("snapB", "snapR", "sbx2", 3<<20))) +
+		"," + node(snapJSON("snapO", "snapGone", "sbx9", 512)) + "]"
 }
 
 func TestSnapshotTree(t *testing.T) {
 	d := newFakeDaemon(t)
-	d.snaps = treeFixture()
+	d.tree = treeJSON()
 	code, out, errOut := d.run(context.Background(), "", "snapshot", "tree")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -136,63 +134,31 @@ func TestSnapshotTree(t *testing.T) {
 		"├── snapA      a1,a2  2.0 MiB    sbx1\n" +
 		"│   └── snapC  deep   4.0 MiB    sbx3\n" +
 		"└── snapB      -      3.0 MiB    sbx2\n" +
-		"snapO          -      512 B      sbx9  (parent snapGone not listed)\n"
+		"snapO          -      512 B      sbx9  (parent snapGone gone)\n"
 	if out != want {
 		t.Errorf("tree:\n%s\nwant:\n%s", out, want)
 	}
+	d.last("GET", "/snapshots/tree")
 
+	// --json prints the daemon's tree as it is.
 	code, out, _ = d.run(context.Background(), "", "snapshot", "tree", "--json")
-	type node struct {
-		SnapshotID string `json:"snapshotID"`
-		SizeBytes  int64  `json:"sizeBytes"`
-		Children   []node `json:"children"`
-	}
-	var roots []node
-	if err := json.Unmarshal([]byte(out), &roots); code != 0 || err != nil {
+	var got, sent any
+	if err := json.Unmarshal([]byte(out), &got); code != 0 || err != nil {
 		t.Fatalf("--json: code %d out %q err %v", code, out, err)
 	}
-	var render func(ns []node) string
-	render = func(ns []node) string {
-		var b strings.Builder
-		for _, n := range ns {
-			fmt.Fprintf(&b, "%s(%s)", n.SnapshotID, render(n.Children))
-		}
-		return b.String()
+	json.Unmarshal([]byte(d.tree), &sent)
+	if !reflect.DeepEqual(got, sent) {
+		t.Errorf("--json tree %s, want the daemon's %s", out, d.tree)
 	}
-	if got := render(roots); got != "snapR(snapA(snapC())snapB())snapO()" || roots[0].SizeBytes != 100<<20 {
-		t.Errorf("--json tree %s", got)
-	}
-	if !strings.Contains(out, `"children": []`) {
-		t.Errorf("leaves should have an empty children array: %s", out)
-	}
-}
 
-func TestBuildSnapshotTreeOddParents(t *testing.T) {
-	// A cycle x -> y -> x hanging off nothing, a self-parent and a
-	// duplicate: every snapshot is still shown exactly once.
-	items := []json.RawMessage{
-		json.RawMessage(snapJSON("x", "y", "s", 1)),
-		json.RawMessage(snapJSON("y", "x", "s", 1)),
-		json.RawMessage(snapJSON("self", "self", "s", 1)),
-		json.RawMessage(snapJSON("x", "", "s", 1)),
+	d.tree = `[]`
+	code, out, _ = d.run(context.Background(), "", "snapshot", "tree")
+	if code != 0 || out != "SNAPSHOT  NAMES  SIZE  SANDBOX\n" {
+		t.Errorf("empty tree: code %d out %q", code, out)
 	}
-	roots, err := buildSnapshotTree(items)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	if err := printSnapshotTree(&buf, roots); err != nil {
-		t.Fatal(err)
-	}
-	want := "SNAPSHOT  NAMES  SIZE  SANDBOX\n" +
-		"self      -      1 B   s  (its own parent)\n" +
-		"x         -      1 B   s  (parent cycle via y)\n" +
-		"└── y     -      1 B   s\n"
-	if buf.String() != want {
-		t.Errorf("tree:\n%s\nwant:\n%s", buf.String(), want)
-	}
-	if _, err := buildSnapshotTree([]json.RawMessage{json.RawMessage(`{"names":[]}`)}); err == nil {
-		t.Error("a snapshot without an id was accepted")
+	d.tree = `{"not":"a list"}`
+	if code, _, errOut = d.run(context.Background(), "", "snapshot", "tree"); code != 1 || !strings.Contains(errOut, "decoding snapshot tree") {
+		t.Errorf("bad answer: code %d stderr %q", code, errOut)
 	}
 }
 
@@ -228,11 +194,11 @@ func TestSnapshotUsage(t *testing.T) {
 		t.Errorf("code %d out %q", code, out)
 	}
 	code, out, _ = d.run(context.Background(), "", "snapshot", "usage", "--json")
-	var u snapshotUsageInfo
+	var u apitypes.SnapshotUsage
 	if err := json.Unmarshal([]byte(out), &u); code != 0 || err != nil || u.Count != 3 || u.CapBytes != 20<<30 {
 		t.Errorf("--json: code %d out %q err %v", code, out, err)
 	}
-	if got := formatUsage(snapshotUsageInfo{TotalBytes: 0, Count: 1}); got != "1 snapshot, 0 B (no cap)" {
+	if got := formatUsage(apitypes.SnapshotUsage{TotalBytes: 0, Count: 1}); got != "1 snapshot, 0 B (no cap)" {
 		t.Errorf("no cap: %q", got)
 	}
 }
@@ -254,7 +220,7 @@ func TestSandboxCreateFromSnapshot(t *testing.T) {
 	if code != 0 || out != "sbx1\n" {
 		t.Fatalf("code %d stdout %q stderr %q", code, out, errOut)
 	}
-	if r := d.last("POST", "/v2/sandboxes"); r.Body != `{"templateID":"ready","timeout":30,"metadata":{},"envVars":{}}` {
+	if r := d.last("POST", "/v2/sandboxes"); r.Body != `{"templateID":"ready","timeout":30}` {
 		t.Errorf("body %s", r.Body)
 	}
 }

@@ -138,8 +138,30 @@ func TestSnapshotCreateFromSnapshot(t *testing.T) {
 	if got.SnapshotID != newer {
 		t.Errorf("name %q points at %s, want the newer %s", name, got.SnapshotID, newer)
 	}
+	// The daemon's tree: the parent's newer snapshot hangs under the first.
+	type node struct {
+		SnapshotID string `json:"snapshotID"`
+		Children   []node `json:"children"`
+	}
+	var find func([]node, string) *node
+	find = func(ns []node, id string) *node {
+		for i := range ns {
+			if ns[i].SnapshotID == id {
+				return &ns[i]
+			}
+			if n := find(ns[i].Children, id); n != nil {
+				return n
+			}
+		}
+		return nil
+	}
+	var roots []node
+	call(t, "GET", "/snapshots/tree", nil).json(t, &roots)
+	if n := find(roots, sid); n == nil || find(n.Children, newer) == nil {
+		t.Errorf("snapshot tree %+v: %s does not hold %s", roots, sid, newer)
+	}
 	mutate(t, parent, st.value)
-	for _, bad := range []string{"-x", "base", "usage", strings.Repeat("n", 200)} {
+	for _, bad := range []string{"-x", "base", "usage", "tree", strings.Repeat("n", 200)} {
 		if r := call(t, "POST", "/sandboxes/"+parent.SandboxID+"/snapshots", map[string]string{"name": bad}); r.status != 400 {
 			t.Errorf("snapshot name %.20q: %d %s", bad, r.status, r.body)
 		}

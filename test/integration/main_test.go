@@ -91,7 +91,13 @@ func TestMain(m *testing.M) {
 	d.stop()
 	// A daemon that stops destroys its pool; sandboxes the tests killed are
 	// gone. Anything left under its runsc root leaked.
-	if out, _ := exec.Command("/usr/local/lib/cellfork/runsc", "--root", filepath.Join(dataDir, "runsc"), "list", "-q").Output(); len(bytes.TrimSpace(out)) > 0 {
+	// (runsc's flag is -quiet: -q is refused, and an unchecked failure
+	// here would hide every leak.)
+	out, err := exec.Command("/usr/local/lib/cellfork/runsc", "--root", filepath.Join(dataDir, "runsc"), "list", "-quiet").Output()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "listing runsc containers for the leak check: %v\n", err)
+		code = 1
+	} else if len(bytes.TrimSpace(out)) > 0 {
 		fmt.Fprintf(os.Stderr, "leak: runsc containers left after the daemon stopped: %s\n", bytes.Fields(out))
 		for _, id := range bytes.Fields(out) {
 			_ = exec.Command("/usr/local/lib/cellfork/runsc", "--root", filepath.Join(dataDir, "runsc"), "delete", "-force", string(id)).Run()

@@ -111,9 +111,10 @@ def _config() -> Config:
                 },
             },
             {
-                # DELETE /snapshots/{snapshotID} serves /snapshots/usage too
-                # (a snapshot named "usage"), so Allow lists it.
-                "include-operation-id": "getSnapshotUsage",
+                # DELETE /snapshots/{snapshotID} serves /snapshots/usage and
+                # /snapshots/tree too (a snapshot of that name, made by an
+                # older daemon), so Allow lists it.
+                "include-operation-id": ["getSnapshotUsage", "getSnapshotTree"],
                 "checks": {"allow_header_conformance": {"enabled": False}},
             },
             {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -284,5 +285,75 @@ func TestExportRootfsCarriesFiles(t *testing.T) {
 	got := r.execOut(t, fresh, "sh", "-c", "cat /work/kept /etc/issue.net; test -e /etc/debian_version && echo still-there; ps -eo args= | grep -c '[s]leep 4242'; true")
 	if got != "kept\nchanged\n0\n" {
 		t.Errorf("booted from the export: %q", got)
+	}
+}
+
+// TestUnknownContainer: only runsc's own answer for an id it does not know
+// reads as "already gone" (State "", Destroy nil). A missing runsc binary
+// or another failure, even one that mentions a missing file, is an error.
+func TestUnknownContainer(t *testing.T) {
+	r := newTestRuntime(t)
+	ctx := context.Background()
+	if st, err := r.State(ctx, randomID()); err != nil || st != "" {
+		t.Errorf("State of an unknown id = %q, %v; want \"\", nil", st, err)
+	}
+	if err := r.Destroy(ctx, randomID()); err != nil {
+		t.Errorf("Destroy of an unknown id = %v; want nil", err)
+	}
+
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "runsc")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho 'open /x/config.json: no such file or directory' >&2\nexit 128\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, path := range map[string]string{"missing runsc": filepath.Join(dir, "gone"), "other failure": fake} {
+		broken := &Runtime{cfg: Config{Runsc: path, Root: r.cfg.Root, CgroupParent: r.cfg.CgroupParent}}
+		if st, err := broken.State(ctx, randomID()); err == nil {
+			t.Errorf("%s: State = %q, nil; want an error", name, st)
+		}
+		if err := broken.Destroy(ctx, randomID()); err == nil {
+			t.Errorf("%s: Destroy = nil; want an error", name)
+		}
+	}
+}
+
+// TestDestroyBundleGone: a sandbox whose bundle directory was removed
+// under it is still killed by Destroy, by the real runsc (which needs no
+// bundle to delete) and when runsc fails on it (say, about the missing
+// bundle): then Destroy kills its processes and reports the failure.
+func TestDestroyBundleGone(t *testing.T) {
+	r := newTestRuntime(t)
+	ctx := context.Background()
+	fake := filepath.Join(t.TempDir(), "runsc")
+	failing := &Runtime{cfg: Config{Runsc: fake, Root: r.cfg.Root, CgroupParent: r.cfg.CgroupParent}}
+	for _, rt := range []*Runtime{r, failing} {
+		id := randomID()
+		s := spec(t, id, newNet(t), "/bin/sh", "-c", "exec sleep 1000")
+		if err := r.Start(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		defer r.Destroy(ctx, id)
+		if pids := r.processes()[id]; len(pids) < 2 {
+			t.Fatalf("sandbox and gofer processes of %s: %v", id, pids)
+		}
+		if err := os.RemoveAll(s.BundleDir); err != nil {
+			t.Fatal(err)
+		}
+		script := fmt.Sprintf("#!/bin/sh\necho 'open %s/config.json: no such file or directory' >&2\nexit 128\n", s.BundleDir)
+		if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		err := rt.Destroy(ctx, id)
+		if rt == failing && err == nil {
+			t.Error("Destroy with runsc failing = nil; want its error")
+		}
+		if rt == r && err != nil {
+			t.Errorf("Destroy with the bundle gone: %v", err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); len(r.processes()[id]) > 0; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("processes left after Destroy (err %v): %v", err, r.processes()[id])
+			}
+		}
 	}
 }

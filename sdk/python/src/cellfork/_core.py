@@ -344,6 +344,12 @@ class ApiCore:
             timeout=self.timeout(request_timeout), idempotent=True,
         )
 
+    def snapshot_tree_request(self, request_timeout: float | None) -> RequestSpec:
+        return RequestSpec(
+            "GET", "/snapshots/tree", self.control_headers(),
+            timeout=self.timeout(request_timeout), idempotent=True,
+        )
+
     def get_snapshot_request(
         self, snapshot: SnapshotRef, request_timeout: float | None
     ) -> RequestSpec:
@@ -387,6 +393,13 @@ def parse_snapshots(response: httpx.Response) -> tuple[list[SnapshotInfo], str |
     if not isinstance(data, list):
         raise ProtocolError("snapshot list: expected a JSON array")
     return [SnapshotInfo.from_json(item) for item in data], response.headers.get("x-next-token") or None
+
+
+def parse_snapshot_tree(response: httpx.Response) -> list[SnapshotNode]:
+    data = parse_json_body(response.content, "snapshot tree")
+    if not isinstance(data, list):
+        raise ProtocolError("snapshot tree: expected a JSON array")
+    return [SnapshotNode.from_json(item) for item in data]
 
 
 def parse_fork(response: httpx.Response) -> list[CreatedSandbox | CellforkError]:

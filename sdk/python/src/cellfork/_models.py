@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Any, Iterable, Iterator, Union
+from typing import Any, Iterator, Union
 
 from ._exceptions import ProtocolError
 
@@ -123,6 +123,11 @@ class SnapshotInfo:
     size_bytes: int | None = None
     created_at: datetime | None = None
 
+    @property
+    def snapshot_id(self) -> str:
+        """The id, by the E2B SDK's name for it (``SnapshotInfo.snapshot_id``)."""
+        return self.id
+
     @classmethod
     def from_json(cls, data: Any) -> "SnapshotInfo":
         obj = _require_object(data, "snapshot")
@@ -140,8 +145,9 @@ class SnapshotInfo:
 
 @dataclass
 class SnapshotNode:
-    """One snapshot in the tree returned by ``Sandbox.snapshot_tree()``,
-    with the snapshots taken of sandboxes that started from it."""
+    """One snapshot in the tree returned by ``Sandbox.snapshot_tree()``
+    (the daemon's ``GET /snapshots/tree``), with the snapshots whose parent
+    it is, oldest first."""
 
     snapshot: SnapshotInfo
     children: list["SnapshotNode"] = field(default_factory=list)
@@ -149,6 +155,14 @@ class SnapshotNode:
     @property
     def id(self) -> str:
         return self.snapshot.id
+
+    @classmethod
+    def from_json(cls, data: Any) -> "SnapshotNode":
+        obj = _require_object(data, "snapshot tree node")
+        children = obj.get("children") or []
+        if not isinstance(children, list):
+            raise ProtocolError("snapshot tree: children must be a JSON array")
+        return cls(SnapshotInfo.from_json(obj), [cls.from_json(child) for child in children])
 
     def walk(self) -> Iterator["SnapshotNode"]:
         """This node and all its descendants, depth first, parents first."""
@@ -161,44 +175,6 @@ class SnapshotNode:
 
 #: A snapshot given by id, by name, or as the SDK returned it.
 SnapshotRef = Union[str, SnapshotInfo, SnapshotNode]
-
-
-def build_snapshot_tree(snapshots: Iterable[SnapshotInfo]) -> list[SnapshotNode]:
-    """Arrange snapshots into trees by ``parent_id``, oldest first at every
-    level. A snapshot whose parent is not among them (deleted, or filtered
-    out) is a root. Parent links that form a cycle, which a correct daemon
-    never reports, are cut: each member of the cycle becomes a root."""
-    nodes: dict[str, SnapshotNode] = {}
-    for snap in snapshots:
-        nodes.setdefault(snap.id, SnapshotNode(snap))
-
-    def parent_of(node: SnapshotNode) -> SnapshotNode | None:
-        pid = node.snapshot.parent_id
-        return nodes.get(pid) if pid else None
-
-    def in_cycle(node: SnapshotNode) -> bool:
-        seen: set[str] = set()
-        up = parent_of(node)
-        while up is not None and up.id not in seen:
-            if up.id == node.id:
-                return True
-            seen.add(up.id)
-            up = parent_of(up)
-        return False
-
-    roots: list[SnapshotNode] = []
-    for node in sorted(nodes.values(), key=_node_order):
-        parent = parent_of(node)
-        if parent is None or in_cycle(node):
-            roots.append(node)
-        else:
-            parent.children.append(node)
-    return roots
-
-
-def _node_order(node: SnapshotNode) -> tuple[float, str]:
-    when = node.snapshot.created_at
-    return (when.timestamp() if when is not None else float("-inf"), node.id)
 
 
 def _lifecycle_on_timeout(value: Any) -> str | None:

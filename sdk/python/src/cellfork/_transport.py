@@ -7,7 +7,7 @@ import asyncio
 import inspect
 import time
 from contextlib import asynccontextmanager, contextmanager
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Awaitable, Callable, Generic, Iterator, TypeVar
 
 import httpx
 
@@ -15,6 +15,8 @@ from ._config import Config
 from ._core import RequestSpec, RetryPolicy, check_response
 from ._exceptions import APIConnectionError, CellforkError, TimeoutError
 from ._streams import Call
+
+T = TypeVar("T")
 
 
 def translate_transport_error(exc: httpx.TransportError) -> CellforkError:
@@ -172,6 +174,56 @@ def closed_error() -> CellforkError:
         "this sandbox object is closed (after close() or leaving its `with` block); "
         "use connect() to attach to a running sandbox again"
     )
+
+
+class SyncReader(Generic[T]):
+    """Runs ``fn`` once, when :meth:`result` is first called, and keeps its
+    result or exception: the sync twin of :class:`AsyncReader` (a sync
+    command's output is read by ``wait()``, not in the background). Not
+    safe for concurrent use."""
+
+    def __init__(self, fn: Callable[[], T]) -> None:
+        self._fn: Callable[[], T] | None = fn
+        self._result: T | None = None
+        self._error: BaseException | None = None
+
+    def result(self) -> T:
+        if self._fn is not None:
+            fn, self._fn = self._fn, None
+            try:
+                self._result = fn()
+            except BaseException as exc:
+                self._error = exc
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+    def cancel(self) -> None:
+        """Never run ``fn`` (if it has not run); :meth:`result` then raises."""
+        if self._fn is not None:
+            self._fn = None
+            self._error = CellforkError("the command's output stream was closed before it was read")
+
+
+class AsyncReader(Generic[T]):
+    """Runs ``fn`` in a background task from now on (a background
+    command's output streams to its callbacks while the caller does other
+    things). Use it from one event loop."""
+
+    def __init__(self, fn: Callable[[], Awaitable[T]]) -> None:
+        self._task = asyncio.ensure_future(fn())
+
+    async def result(self) -> T:
+        return await self._task
+
+    async def cancel(self) -> None:
+        """Cancel the task if it still runs, and wait until it has ended."""
+        if not self._task.done():
+            self._task.cancel()
+            try:
+                await self._task
+            except BaseException:
+                pass
 
 
 def fire(calls: list[Call]) -> None:

@@ -1,10 +1,13 @@
-"""Asynchronous client: :class:`AsyncSandbox`. Its twin is
-:mod:`cellfork.sandbox`; both are thin shells over :mod:`cellfork._core`.
-Callbacks may be plain functions or coroutine functions."""
+"""Asynchronous client: :class:`AsyncSandbox`, a thin shell over
+:mod:`cellfork._core`. Callbacks may be plain functions or coroutine
+functions.
+
+Its sync twin, :mod:`cellfork.sandbox`, is generated from this file by
+``sdk/python/scripts/unasync.py`` (which drops ``async``/``await`` and
+renames by a table): edit this file, then run the script."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any, Callable, Literal, Mapping, Sequence, overload
 
@@ -37,6 +40,7 @@ from ._core import (
     parse_read,
     parse_rpc,
     parse_snapshot,
+    parse_snapshot_tree,
     parse_snapshots,
     parse_write,
     request_id,
@@ -56,11 +60,10 @@ from ._models import (
     SnapshotNode,
     SnapshotRef,
     WriteInfo,
-    build_snapshot_tree,
 )
 from ._ndjson import NDJSONDecoder
 from ._streams import ExecutionAccumulator, ProcessAccumulator
-from ._transport import AsyncHTTP, afire, translating
+from ._transport import AsyncHTTP, AsyncReader, afire, translating
 
 __all__ = ["AsyncSandbox", "AsyncCommands", "AsyncFiles", "AsyncCommandHandle"]
 
@@ -68,8 +71,8 @@ __all__ = ["AsyncSandbox", "AsyncCommands", "AsyncFiles", "AsyncCommandHandle"]
 class AsyncSandbox:
     """A running sandbox. Obtain one with :meth:`create` or :meth:`connect`.
 
-    Used as an async context manager, the sandbox is killed on exit. Use it
-    from one event loop.
+    Used as an async context manager, the sandbox is killed on exit.
+    Use it from one event loop.
     """
 
     def __init__(self, core: SandboxCore, http: AsyncHTTP) -> None:
@@ -314,13 +317,14 @@ class AsyncSandbox:
         max_retries: int | None = None,
         transport: Transport | None = None,
     ) -> list[SnapshotNode]:
-        """Every snapshot, arranged in trees by parent: the roots, each
-        with its ``children`` (oldest first)."""
-        snapshots = await cls.list_snapshots(
-            base_url=base_url, api_key=api_key, request_timeout=request_timeout,
-            max_retries=max_retries, transport=transport,
-        )
-        return build_snapshot_tree(snapshots)
+        """Every snapshot, arranged in trees by parent (the daemon's
+        ``GET /snapshots/tree``): the roots, each with its ``children``
+        (oldest first). A root whose parent is gone keeps its ``parent_id``."""
+        api, http = cls._api(base_url, api_key, request_timeout, max_retries, transport)
+        try:
+            return parse_snapshot_tree(await http.request(api.snapshot_tree_request(request_timeout)))
+        finally:
+            await http.close()
 
     async def kill(self, *, request_timeout: float | None = None) -> bool:
         """Kill the sandbox. Returns False if it was already gone."""
@@ -473,26 +477,28 @@ class AsyncSandbox:
 class AsyncCommandHandle:
     """A command started with ``commands.run(..., background=True)``.
 
-    A background task reads the output (firing callbacks) from the moment
-    the command starts. Used as an async context manager, the output stream
-    is closed on exit. Use it from one event loop.
+    Its output is read, firing callbacks, by a background task from the start.
+    Used as an async context manager, the output stream is closed on exit.
+    Use it from one task.
     """
 
-    def __init__(self, sandbox: AsyncSandbox, response: Any,
-                 on_stdout: Callable[[str], Any] | None,
-                 on_stderr: Callable[[str], Any] | None) -> None:
+    def __init__(
+        self, sandbox: AsyncSandbox, response: Any,
+        on_stdout: Callable[[str], Any] | None, on_stderr: Callable[[str], Any] | None,
+    ) -> None:
         self._sandbox = sandbox
         self._response = response
         self._request_id = request_id(response)
         self._acc = ProcessAccumulator(on_stdout=on_stdout, on_stderr=on_stderr)
         self._decoder = EnvelopeDecoder()
         self._chunks = response.aiter_bytes()
-        self._reader: asyncio.Task[CommandResult] | None = None
+        self._reader: AsyncReader[CommandResult] | None = None
 
     @classmethod
-    async def _start(cls, sandbox: AsyncSandbox, spec: RequestSpec,
-                     on_stdout: Callable[[str], Any] | None,
-                     on_stderr: Callable[[str], Any] | None) -> "AsyncCommandHandle":
+    async def _start(
+        cls, sandbox: AsyncSandbox, spec: RequestSpec,
+        on_stdout: Callable[[str], Any] | None, on_stderr: Callable[[str], Any] | None,
+    ) -> "AsyncCommandHandle":
         handle = cls(sandbox, await sandbox._http.open_stream(spec), on_stdout, on_stderr)
         try:
             check_stream_content_type(handle._response)
@@ -541,14 +547,14 @@ class AsyncCommandHandle:
 
     def _start_reader(self) -> None:
         if self._reader is None:
-            self._reader = asyncio.ensure_future(self._read_rest())
+            self._reader = AsyncReader(self._read_rest)
 
     async def wait(self) -> CommandResult:
         """Wait for the command to end. Raises :class:`CommandExitError` on a
         non-zero exit code and :class:`TimeoutError` past its deadline."""
         self._start_reader()
         assert self._reader is not None
-        result = await self._reader
+        result = await self._reader.result()
         if result.exit_code != 0:
             raise CommandExitError(result, request_id=self._request_id)
         return result
@@ -559,12 +565,8 @@ class AsyncCommandHandle:
 
     async def close(self) -> None:
         """Stop reading output (the process is not killed)."""
-        if self._reader is not None and not self._reader.done():
-            self._reader.cancel()
-            try:
-                await self._reader
-            except BaseException:
-                pass
+        if self._reader is not None:
+            await self._reader.cancel()
         await self._response.aclose()
 
 
@@ -575,16 +577,20 @@ class AsyncCommands:
         self._sandbox = sandbox
 
     @overload
-    async def run(self, cmd: str, background: Literal[False] = False, envs: Mapping[str, str] | None = None,
-                  cwd: str | None = None, user: str | None = None, timeout: float | None = ...,
-                  on_stdout: Callable[[str], Any] | None = None, on_stderr: Callable[[str], Any] | None = None,
-                  *, request_timeout: float | None = None) -> CommandResult: ...
+    async def run(
+        self, cmd: str, background: Literal[False] = False, envs: Mapping[str, str] | None = None,
+        cwd: str | None = None, user: str | None = None, timeout: float | None = ...,
+        on_stdout: Callable[[str], Any] | None = None, on_stderr: Callable[[str], Any] | None = None,
+        *, request_timeout: float | None = None,
+    ) -> CommandResult: ...
 
     @overload
-    async def run(self, cmd: str, background: Literal[True], envs: Mapping[str, str] | None = None,
-                  cwd: str | None = None, user: str | None = None, timeout: float | None = ...,
-                  on_stdout: Callable[[str], Any] | None = None, on_stderr: Callable[[str], Any] | None = None,
-                  *, request_timeout: float | None = None) -> AsyncCommandHandle: ...
+    async def run(
+        self, cmd: str, background: Literal[True], envs: Mapping[str, str] | None = None,
+        cwd: str | None = None, user: str | None = None, timeout: float | None = ...,
+        on_stdout: Callable[[str], Any] | None = None, on_stderr: Callable[[str], Any] | None = None,
+        *, request_timeout: float | None = None,
+    ) -> AsyncCommandHandle: ...
 
     async def run(
         self,
@@ -625,12 +631,16 @@ class AsyncFiles:
         self._sandbox = sandbox
 
     @overload
-    async def read(self, path: str, format: Literal["text"] = "text", user: str | None = None,
-                   *, request_timeout: float | None = None) -> str: ...
+    async def read(
+        self, path: str, format: Literal["text"] = "text", user: str | None = None,
+        *, request_timeout: float | None = None,
+    ) -> str: ...
 
     @overload
-    async def read(self, path: str, format: Literal["bytes"], user: str | None = None,
-                   *, request_timeout: float | None = None) -> bytes: ...
+    async def read(
+        self, path: str, format: Literal["bytes"], user: str | None = None,
+        *, request_timeout: float | None = None,
+    ) -> bytes: ...
 
     async def read(
         self, path: str, format: Literal["text", "bytes"] = "text", user: str | None = None,

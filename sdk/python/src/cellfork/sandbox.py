@@ -1,5 +1,8 @@
-"""Synchronous client: :class:`Sandbox`. Its twin is
-:mod:`cellfork.async_sandbox`; both are thin shells over :mod:`cellfork._core`."""
+"""Synchronous client: :class:`Sandbox`, a thin shell over
+:mod:`cellfork._core`.
+
+Generated from :mod:`cellfork.async_sandbox` by
+``sdk/python/scripts/unasync.py``: edit that file, then run the script."""
 
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from ._core import (
     parse_read,
     parse_rpc,
     parse_snapshot,
+    parse_snapshot_tree,
     parse_snapshots,
     parse_write,
     request_id,
@@ -54,11 +58,10 @@ from ._models import (
     SnapshotNode,
     SnapshotRef,
     WriteInfo,
-    build_snapshot_tree,
 )
 from ._ndjson import NDJSONDecoder
 from ._streams import ExecutionAccumulator, ProcessAccumulator
-from ._transport import SyncHTTP, fire, translating
+from ._transport import SyncHTTP, SyncReader, fire, translating
 
 __all__ = ["Sandbox", "Commands", "Files", "CommandHandle"]
 
@@ -66,8 +69,8 @@ __all__ = ["Sandbox", "Commands", "Files", "CommandHandle"]
 class Sandbox:
     """A running sandbox. Obtain one with :meth:`create` or :meth:`connect`.
 
-    Used as a context manager, the sandbox is killed on exit. Safe for use
-    from several threads; a single :class:`CommandHandle` is not.
+    Used as a context manager, the sandbox is killed on exit.
+    Safe for use from several threads.
     """
 
     def __init__(self, core: SandboxCore, http: SyncHTTP) -> None:
@@ -312,13 +315,14 @@ class Sandbox:
         max_retries: int | None = None,
         transport: Transport | None = None,
     ) -> list[SnapshotNode]:
-        """Every snapshot, arranged in trees by parent: the roots, each
-        with its ``children`` (oldest first)."""
-        snapshots = cls.list_snapshots(
-            base_url=base_url, api_key=api_key, request_timeout=request_timeout,
-            max_retries=max_retries, transport=transport,
-        )
-        return build_snapshot_tree(snapshots)
+        """Every snapshot, arranged in trees by parent (the daemon's
+        ``GET /snapshots/tree``): the roots, each with its ``children``
+        (oldest first). A root whose parent is gone keeps its ``parent_id``."""
+        api, http = cls._api(base_url, api_key, request_timeout, max_retries, transport)
+        try:
+            return parse_snapshot_tree(http.request(api.snapshot_tree_request(request_timeout)))
+        finally:
+            http.close()
 
     def kill(self, *, request_timeout: float | None = None) -> bool:
         """Kill the sandbox. Returns False if it was already gone."""
@@ -436,12 +440,13 @@ class Sandbox:
         decoder = NDJSONDecoder()
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
         overrun = f"code execution exceeded {deadline_s:g} s"
-        with self._http.stream(spec) as response, translating(overrun):
-            for chunk in response.iter_bytes():
-                for event in decoder.feed(chunk):
-                    fire(acc.handle(event))
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(overrun, request_id=request_id(response))
+        with self._http.stream(spec) as response:
+            with translating(overrun):
+                for chunk in response.iter_bytes():
+                    for event in decoder.feed(chunk):
+                        fire(acc.handle(event))
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError(overrun, request_id=request_id(response))
             for event in decoder.close():
                 fire(acc.handle(event))
         return acc.finish()
@@ -470,29 +475,38 @@ class Sandbox:
 class CommandHandle:
     """A command started with ``commands.run(..., background=True)``.
 
-    Output callbacks fire while :meth:`wait` reads the stream. Used as a
-    context manager, the output stream is closed on exit. Not safe for
-    concurrent use.
+    Its output is read, firing callbacks, while :meth:`wait` runs.
+    Used as a context manager, the output stream is closed on exit.
+    Not safe for concurrent use.
     """
 
-    def __init__(self, sandbox: Sandbox, spec: RequestSpec,
-                 on_stdout: Callable[[str], Any] | None,
-                 on_stderr: Callable[[str], Any] | None) -> None:
+    def __init__(
+        self, sandbox: Sandbox, response: Any,
+        on_stdout: Callable[[str], Any] | None, on_stderr: Callable[[str], Any] | None,
+    ) -> None:
         self._sandbox = sandbox
-        self._response = sandbox._http.open_stream(spec)
-        self._request_id = request_id(self._response)
+        self._response = response
+        self._request_id = request_id(response)
         self._acc = ProcessAccumulator(on_stdout=on_stdout, on_stderr=on_stderr)
         self._decoder = EnvelopeDecoder()
-        self._chunks = self._response.iter_bytes()
-        self._result: CommandResult | None = None
+        self._chunks = response.iter_bytes()
+        self._reader: SyncReader[CommandResult] | None = None
+
+    @classmethod
+    def _start(
+        cls, sandbox: Sandbox, spec: RequestSpec,
+        on_stdout: Callable[[str], Any] | None, on_stderr: Callable[[str], Any] | None,
+    ) -> "CommandHandle":
+        handle = cls(sandbox, sandbox._http.open_stream(spec), on_stdout, on_stderr)
         try:
-            check_stream_content_type(self._response)
-            while not self._acc.started:
-                if not self._pump():
+            check_stream_content_type(handle._response)
+            while not handle._acc.started:
+                if not handle._pump():
                     raise ProtocolError("process stream ended before the start event")
         except BaseException:
-            self.close()
+            handle.close()
             raise
+        return handle
 
     @property
     def pid(self) -> int:
@@ -519,21 +533,29 @@ class CommandHandle:
                 fire(self._acc.handle(envelope.message))
         return True
 
+    def _read_rest(self) -> CommandResult:
+        try:
+            while self._pump():
+                pass
+            result, calls = self._acc.finish()
+            fire(calls)
+            return result
+        finally:
+            self._response.close()
+
+    def _start_reader(self) -> None:
+        if self._reader is None:
+            self._reader = SyncReader(self._read_rest)
+
     def wait(self) -> CommandResult:
         """Wait for the command to end. Raises :class:`CommandExitError` on a
         non-zero exit code and :class:`TimeoutError` past its deadline."""
-        if self._result is None:
-            try:
-                while self._pump():
-                    pass
-                result, calls = self._acc.finish()
-                fire(calls)
-                self._result = result
-            finally:
-                self.close()
-        if self._result.exit_code != 0:
-            raise CommandExitError(self._result, request_id=self._request_id)
-        return self._result
+        self._start_reader()
+        assert self._reader is not None
+        result = self._reader.result()
+        if result.exit_code != 0:
+            raise CommandExitError(result, request_id=self._request_id)
+        return result
 
     def kill(self, *, request_timeout: float | None = None) -> bool:
         """Send SIGKILL. Returns False if the process was already gone."""
@@ -541,6 +563,8 @@ class CommandHandle:
 
     def close(self) -> None:
         """Stop reading output (the process is not killed)."""
+        if self._reader is not None:
+            self._reader.cancel()
         self._response.close()
 
 
@@ -551,16 +575,20 @@ class Commands:
         self._sandbox = sandbox
 
     @overload
-    def run(self, cmd: str, background: Literal[False] = False, envs: Mapping[str, str] | None = None,
-            cwd: str | None = None, user: str | None = None, timeout: float | None = ...,
-            on_stdout: Callable[[str], Any] | None = None, on_stderr: Callable[[str], Any] | None = None,
-            *, request_timeout: float | None = None) -> CommandResult: ...
+    def run(
+        self, cmd: str, background: Literal[False] = False, envs: Mapping[str, str] | None = None,
+        cwd: str | None = None, user: str | None = None, timeout: float | None = ...,
+        on_stdout: Callable[[str], Any] | None = None, on_stderr: Callable[[str], Any] | None = None,
+        *, request_timeout: float | None = None,
+    ) -> CommandResult: ...
 
     @overload
-    def run(self, cmd: str, background: Literal[True], envs: Mapping[str, str] | None = None,
-            cwd: str | None = None, user: str | None = None, timeout: float | None = ...,
-            on_stdout: Callable[[str], Any] | None = None, on_stderr: Callable[[str], Any] | None = None,
-            *, request_timeout: float | None = None) -> CommandHandle: ...
+    def run(
+        self, cmd: str, background: Literal[True], envs: Mapping[str, str] | None = None,
+        cwd: str | None = None, user: str | None = None, timeout: float | None = ...,
+        on_stdout: Callable[[str], Any] | None = None, on_stderr: Callable[[str], Any] | None = None,
+        *, request_timeout: float | None = None,
+    ) -> CommandHandle: ...
 
     def run(
         self,
@@ -582,8 +610,9 @@ class Commands:
         a long-running background process)."""
         deadline = normalize_timeout(timeout, None)
         spec = self._sandbox._core.process_start_request(cmd, envs, cwd, user, deadline, request_timeout)
-        handle = CommandHandle(self._sandbox, spec, on_stdout, on_stderr)
+        handle = CommandHandle._start(self._sandbox, spec, on_stdout, on_stderr)
         if background:
+            handle._start_reader()
             return handle
         return handle.wait()
 
@@ -600,12 +629,16 @@ class Files:
         self._sandbox = sandbox
 
     @overload
-    def read(self, path: str, format: Literal["text"] = "text", user: str | None = None,
-             *, request_timeout: float | None = None) -> str: ...
+    def read(
+        self, path: str, format: Literal["text"] = "text", user: str | None = None,
+        *, request_timeout: float | None = None,
+    ) -> str: ...
 
     @overload
-    def read(self, path: str, format: Literal["bytes"], user: str | None = None,
-             *, request_timeout: float | None = None) -> bytes: ...
+    def read(
+        self, path: str, format: Literal["bytes"], user: str | None = None,
+        *, request_timeout: float | None = None,
+    ) -> bytes: ...
 
     def read(
         self, path: str, format: Literal["text", "bytes"] = "text", user: str | None = None,

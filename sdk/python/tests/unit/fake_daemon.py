@@ -217,6 +217,12 @@ class FakeDaemon:
             if start + size < len(snaps):
                 headers["X-Next-Token"] = str(start + size)
             return _json(200, snaps[start : start + size], headers)
+        if request.method == "GET" and parts[1:] == ["tree"]:
+            # The fake's snapshots are never orphaned or cyclic: nest by parent.
+            def node(snap: dict[str, Any]) -> dict[str, Any]:
+                kids = [s for s in self.snapshots.values() if s["parentID"] == snap["snapshotID"]]
+                return {**snap, "children": [node(k) for k in kids]}
+            return _json(200, [node(s) for s in self.snapshots.values() if s["parentID"] is None])
         snap = self._find_snapshot(parts[1]) if len(parts) == 2 else None
         if snap is None:
             return _json(404, {"code": 404, "message": f"snapshot {parts[-1]} not found"})

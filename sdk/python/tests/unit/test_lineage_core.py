@@ -25,10 +25,10 @@ from cellfork._core import (
     parse_fork,
     parse_paused,
     parse_snapshot,
+    parse_snapshot_tree,
     parse_snapshots,
     snapshot_id_of,
 )
-from cellfork._models import build_snapshot_tree
 
 
 def _core():
@@ -96,37 +96,47 @@ def test_snapshot_id_of_accepts_ids_names_infos_and_nodes():
             snapshot_id_of(bad)
 
 
-# --- snapshot tree ---------------------------------------------------------
+def test_snapshot_info_answers_to_e2b_snapshot_id():
+    # The E2B SDK's SnapshotInfo calls it snapshot_id; ours is id.
+    s = SnapshotInfo.from_json(SNAP)
+    assert s.snapshot_id == s.id == "snapA"
+    assert _snap("x").snapshot_id == "x"
 
 
-def test_tree_from_parent_links_oldest_first():
+# --- snapshot tree (built by the daemon: GET /snapshots/tree) ---------------
+
+
+def _node(id, parent=None, *children):
+    return {**SNAP, "snapshotID": id, "parentID": parent, "children": list(children)}
+
+
+def test_snapshot_tree_parsed_as_served():
     #  a ── b ── d
     #   └── c
-    #  e (its parent was deleted)      f ── g
-    snaps = [_snap("d", "b", 4), _snap("c", "a", 3), _snap("b", "a", 2), _snap("a", None, 1),
-             _snap("e", "gone", 5), _snap("g", "f", 7), _snap("f", None, 6)]
-    roots = build_snapshot_tree(snaps)
-    assert [r.id for r in roots] == ["a", "e", "f"]
+    #  e (its parent was deleted)
+    body = [_node("a", None, _node("b", "a", _node("d", "b")), _node("c", "a")), _node("e", "gone")]
+    roots = parse_snapshot_tree(_json(200, body))
+    assert [r.id for r in roots] == ["a", "e"]
     a = roots[0]
     assert [c.id for c in a.children] == ["b", "c"]
     assert [c.id for c in a.children[0].children] == ["d"]
     assert [n.id for n in a.walk()] == ["a", "b", "d", "c"]
-    assert [n.id for n in roots[2].walk()] == ["f", "g"]
-    assert sum(1 for r in roots for _ in r.walk()) == len(snaps)
+    assert roots[1].snapshot.parent_id == "gone" and roots[1].children == []
+    assert a.snapshot.size_bytes == SNAP["sizeBytes"]
+    assert parse_snapshot_tree(_json(200, [])) == []
+    # A leaf may leave children out.
+    assert parse_snapshot_tree(_json(200, [{**SNAP, "snapshotID": "z"}]))[0].children == []
 
 
-def test_tree_edge_cases():
-    assert build_snapshot_tree([]) == []
-    # Duplicates (a snapshot on two pages) appear once; a self-parent or a
-    # cycle (a broken daemon) cannot hang or lose nodes.
-    roots = build_snapshot_tree([_snap("a", None, 1), _snap("a", None, 1), _snap("s", "s", 2),
-                                 _snap("x", "y", 3), _snap("y", "x", 4), _snap("z", "x", 5)])
-    ids = sorted(n.id for r in roots for n in r.walk())
-    assert ids == ["a", "s", "x", "y", "z"]
-    assert {r.id for r in roots} == {"a", "s", "x", "y"}
-    # Without timestamps the order falls back to the id.
-    undated = build_snapshot_tree([SnapshotInfo("b"), SnapshotInfo("a")])
-    assert [r.id for r in undated] == ["a", "b"]
+def test_snapshot_tree_rejects_other_shapes():
+    for bad in ({"a": 1}, [1], [{**SNAP, "children": {"x": 1}}], [{"names": [], "children": []}]):
+        with pytest.raises(ProtocolError):
+            parse_snapshot_tree(_json(200, bad))
+
+
+def test_snapshot_tree_request():
+    spec = _api().snapshot_tree_request(None)
+    assert (spec.method, spec.path, spec.idempotent) == ("GET", "/snapshots/tree", True)
 
 
 # --- request builders ------------------------------------------------------
