@@ -175,14 +175,15 @@ func (m *Manager) Create(ctx context.Context, req sandbox.CreateRequest) (*sandb
 		return nil, err
 	}
 	rec.RuntimeID, rec.BootMode = b.RID, mode
-	if err := m.adopt(ctx, rec, b); err != nil {
+	out, err := m.adopt(ctx, rec, b)
+	if err != nil {
 		return nil, err
 	}
 	if sn := src.snapshot; sn != nil {
 		m.pool.UseStandby(sn.ID, sn.Image, sn.Rootfs, limits)
 	}
-	m.log.Info("sandbox created", "sandbox.id", rec.ID, "template", req.TemplateID, "mode", mode, "ms", time.Since(t0).Milliseconds())
-	return cloneRecord(rec), nil
+	m.log.Info("sandbox created", "sandbox.id", out.ID, "template", req.TemplateID, "mode", mode, "ms", time.Since(t0).Milliseconds())
+	return out, nil
 }
 
 // startBox gets a running box for src with limits: from the pool, from a
@@ -218,22 +219,24 @@ func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limit
 }
 
 // adopt gives a running box to a new sandbox: the hand-off, the record
-// stored, the box watched, the timer armed. On failure the box is
-// destroyed and nothing is left.
-func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox, b *box.Box) error {
+// stored, the box watched, the timer armed. It returns a copy of the
+// record taken before the sandbox is published (others may change it
+// from then on). On failure the box is destroyed and nothing is left.
+func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox, b *box.Box) (*sandbox.Sandbox, error) {
 	cu := cleanup.Make(func() { m.boxes.Destroy(context.WithoutCancel(ctx), b) })
 	defer cu.Clean()
 	if err := m.boxes.HandOff(ctx, b, m.handOff(rec)); err != nil {
-		return fmt.Errorf("initializing sandbox %s: %w", rec.ID, err)
+		return nil, fmt.Errorf("initializing sandbox %s: %w", rec.ID, err)
 	}
 	t := time.Now()
 	if err := m.put(ctx, rec); err != nil {
-		return err
+		return nil, err
 	}
 	timing.Since(ctx, "store", t)
 	cu.Release()
+	out := cloneRecord(rec)
 	m.register(newLive(rec, b))
-	return nil
+	return out, nil
 }
 
 // handOff is what a box of rec gets: its policy, its identity and

@@ -167,10 +167,7 @@ func (m *Manager) forkChild(ctx context.Context, parent *sandbox.Sandbox, img st
 	rec.AccessToken = m.ids.Token(rec.ID)
 	rec.ParentID, rec.StartedAt, rec.EndAt, rec.PausedImage = parent.ID, now, now.Add(timeout), ""
 	rec.State = sandbox.StateRunning
-	if err := m.adopt(ctx, rec, b); err != nil {
-		return nil, err
-	}
-	return cloneRecord(rec), nil
+	return m.adopt(ctx, rec, b)
 }
 
 // Merge makes a fork child's state the parent's, under the parent's id and

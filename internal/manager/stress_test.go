@@ -26,7 +26,7 @@ func TestStressEveryPair(t *testing.T) {
 	w := &stressWorld{e: e}
 	for i, a := range ops {
 		for _, b := range ops[i:] {
-			for round := range 5 {
+			for round := range 2 {
 				w.prepare()
 				var wg sync.WaitGroup
 				for _, op := range []string{a, b, a, b} {
@@ -70,13 +70,13 @@ func (w *stressWorld) call(what string, f func(ctx context.Context) error) {
 	}
 }
 
-func (w *stressWorld) last(list []string) string {
+func (w *stressWorld) last(list *[]string) string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(list) == 0 {
+	if len(*list) == 0 {
 		return "none"
 	}
-	return list[rand.IntN(len(list))]
+	return (*list)[rand.IntN(len(*list))]
 }
 
 func (w *stressWorld) add(list *[]string, id string) {
@@ -113,7 +113,7 @@ func (w *stressWorld) do(op string) {
 	case "create":
 		w.call(op, func(ctx context.Context) error {
 			tpl := "base"
-			if sn := w.last(w.snaps); sn != "none" && rand.IntN(2) == 0 {
+			if sn := w.last(&w.snaps); sn != "none" && rand.IntN(2) == 0 {
 				tpl = sn
 			}
 			sb, err := m.Create(ctx, sandbox.CreateRequest{TemplateID: tpl})
@@ -131,7 +131,7 @@ func (w *stressWorld) do(op string) {
 			return err
 		})
 	case "deleteSnapshot":
-		w.call(op, func(ctx context.Context) error { return m.DeleteSnapshot(ctx, w.last(w.snaps)) })
+		w.call(op, func(ctx context.Context) error { return m.DeleteSnapshot(ctx, w.last(&w.snaps)) })
 	case "fork":
 		w.call(op, func(ctx context.Context) error {
 			res, err := m.Fork(ctx, parent, 1+rand.IntN(2), 0)
@@ -145,12 +145,12 @@ func (w *stressWorld) do(op string) {
 		})
 	case "rollback":
 		w.call(op, func(ctx context.Context) error {
-			_, err := m.Rollback(ctx, parent, w.last(w.snaps))
+			_, err := m.Rollback(ctx, parent, w.last(&w.snaps))
 			return err
 		})
 	case "merge":
 		w.call(op, func(ctx context.Context) error {
-			_, err := m.Merge(ctx, parent, w.last(w.children))
+			_, err := m.Merge(ctx, parent, w.last(&w.children))
 			return err
 		})
 	case "pause":
@@ -164,7 +164,7 @@ func (w *stressWorld) do(op string) {
 		})
 	case "kill":
 		w.call(op, func(ctx context.Context) error {
-			target := w.last(w.children)
+			target := w.last(&w.children)
 			if rand.IntN(4) == 0 {
 				target = parent
 			}
