@@ -12,7 +12,10 @@ step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 [ "$(id -u)" = 0 ] || { echo "setup: run as root (cellfork manages network namespaces and gVisor sandboxes)" >&2; exit 1; }
 
 need_pkgs=()
-for p in debootstrap iproute2 nftables gcc python3-venv ca-certificates curl protobuf-compiler; do
+# postgresql-15: the cluster's database (tests start their own server
+# with initdb and pg_ctl); util-linux: nsenter, to run test hosts in
+# network namespaces.
+for p in debootstrap iproute2 nftables gcc python3-venv ca-certificates curl protobuf-compiler postgresql-15 util-linux; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then

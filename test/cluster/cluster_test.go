@@ -27,6 +27,7 @@ func TestCluster(t *testing.T) {
 		{"database-outage", testDatabaseOutage},
 		{"gateway-restart-without-database", testGatewayRestartWithoutDatabase},
 		{"partition", testPartitionAndHeal},
+		{"never-two-copies", testNeverTwoCopies},
 		{"host-killed", testHostKilled},
 	} {
 		if !t.Run(tc.name, tc.f) && tc.name == "routes" {
