@@ -7,6 +7,9 @@
 #         rollback, pause/resume, density vs raw runsc checkpoint/restore)
 #   noisy: bench/noisy.py (a victim's hot run_code while a neighbour abuses
 #         CPU, memory, processes, disk; target p99 <= 3x quiet)
+#   cluster: bench/cluster (placement against 1..10,000 hosts, the gateway's
+#         cost against the host, creates, 10,000 idle connections) on a
+#         one-machine cluster; not part of "all"
 # Options other than --quick belong to one suite; pass them with --suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +24,8 @@ while [ $# -gt 0 ]; do
 done
 case "$suite" in
   all|core|fork|noisy) ;;
-  *) echo "usage: scripts/bench.sh [--suite all|core|fork|noisy] [--quick] [suite options]" >&2; exit 2 ;;
+  cluster) exec go run ./bench/cluster -bin bin/cellfork -template-dir "${DATA_DIR:-/var/lib/cellfork}/templates" "${args[@]}" ;;
+  *) echo "usage: scripts/bench.sh [--suite all|core|fork|noisy|cluster] [--quick] [suite options]" >&2; exit 2 ;;
 esac
 . scripts/lib.sh
 start_test_daemon

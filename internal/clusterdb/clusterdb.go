@@ -17,6 +17,7 @@ import (
 	"io/fs"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,9 +32,23 @@ var migrations embed.FS
 
 // DB is a cluster database. Safe for concurrent use.
 type DB struct {
-	pool *pgxpool.Pool
-	url  string
+	pool    *pgxpool.Pool
+	url     string
+	queries *queryCounter
 }
+
+// queryCounter counts the statements sent (a pgx tracer).
+type queryCounter struct{ n atomic.Int64 }
+
+func (q *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	q.n.Add(1)
+	return ctx
+}
+
+func (q *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// Queries counts the statements this handle has sent.
+func (db *DB) Queries() int64 { return db.queries.n.Load() }
 
 // Errors placement and transitions tell apart.
 var (
@@ -52,11 +67,13 @@ func Open(ctx context.Context, url string) (*DB, error) {
 	}
 	cfg.MaxConns = 16
 	cfg.ConnConfig.ConnectTimeout = 3 * time.Second
+	qc := &queryCounter{}
+	cfg.ConnConfig.Tracer = qc
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	db := &DB{pool: pool, url: url}
+	db := &DB{pool: pool, url: url, queries: qc}
 	if err := db.migrate(ctx); err != nil {
 		pool.Close()
 		return nil, err

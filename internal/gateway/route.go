@@ -55,8 +55,12 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, reqID string) {
 	switch r.URL.Path {
 	case "/health":
 		v := g.view.Load()
+		var queries int64
+		if db := g.db.Load(); db != nil {
+			queries = db.Queries()
+		}
 		api.WriteJSON(w, http.StatusOK, map[string]any{"status": "ok", "region": v.Region.Name, "hosts": len(v.Hosts),
-			"database": g.db.Load() != nil})
+			"database": g.db.Load() != nil, "dbQueries": queries})
 		return
 	case "/openapi.yaml":
 		api.ServeOpenAPI(w, r)

@@ -295,6 +295,16 @@ func (p *Proc) Signal(sig syscall.Signal) {
 	}
 }
 
+// PID is the process's pid (0 if it does not run).
+func (p *Proc) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Running reports whether the process runs.
 func (p *Proc) Running() bool {
 	p.mu.Lock()
