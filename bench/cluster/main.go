@@ -317,17 +317,18 @@ func (b *bench) overhead() {
 		max(perReq, 0), requests, q1-q0-1, el, idleRate)
 }
 
-// phase reads a phase's duration (ms) out of a Server-Timing header, the
-// first one (the gateway's own), or -1.
+// phase reads a phase's duration (ms) out of a Server-Timing header: the
+// last one of that name (the gateway's own phases follow the host's), or
+// -1.
 func phase(h, name string) float64 {
+	got := -1.0
 	for _, part := range strings.Split(h, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(part), ";dur=")
 		if ok && k == name {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
+			got, _ = strconv.ParseFloat(v, 64)
 		}
 	}
-	return -1
+	return got
 }
 
 // creates: pool hits through the gateway and straight to the host, and a
