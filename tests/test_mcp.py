@@ -51,8 +51,9 @@ async def call(session: ClientSession, tool: str, **args: Any) -> Any:
     return result
 
 
-async def exercise(session: ClientSession) -> None:
-    """Every tool and the file resource, on one sandbox and its fork."""
+async def exercise(session: ClientSession, snapshots: list[str]) -> None:
+    """Every tool and the file resource, on one sandbox and its fork. The
+    snapshots it takes are added to snapshots, for the caller to delete."""
     await session.initialize()
     tools = {t.name for t in (await session.list_tools()).tools}
     assert TOOLS <= tools, f"missing tools: {TOOLS - tools}"
@@ -91,6 +92,7 @@ async def exercise(session: ClientSession) -> None:
 
         # Snapshot, change, roll back: the change is gone.
         snap = (await call(session, "snapshot", sandbox_id=sid, name=f"mcp-{sid}")).structured_content
+        snapshots.append(snap["snapshot_id"])
         await call(session, "run_code", sandbox_id=sid, code="x = 0")
         await call(session, "rollback", sandbox_id=sid, snapshot_id=snap["snapshot_id"])
         assert text_of(await call(session, "run_code", sandbox_id=sid, code="x")) == "41"
@@ -116,13 +118,23 @@ async def exercise(session: ClientSession) -> None:
 def test_stdio(daemon: tuple[str, str]) -> None:
     url, key = daemon
 
+    snapshots: list[str] = []
+
     async def main() -> None:
         params = StdioServerParameters(command=CELLFORK, args=["mcp"], env={"CELLFORK_URL": url, "CELLFORK_API_KEY": key})
         async with stdio_client(params) as (read, write):
             async with ClientSession(read, write) as session:
-                await exercise(session)
+                await exercise(session, snapshots)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        delete_snapshots(url, key, snapshots)
+
+
+def delete_snapshots(url: str, key: str, ids: list[str]) -> None:
+    for sid in ids:
+        httpx.delete(f"{url}/snapshots/{sid}", headers={"X-API-KEY": key}, timeout=30)
 
 
 def test_stdio_needs_a_key(daemon: tuple[str, str]) -> None:
@@ -170,13 +182,17 @@ async def http_session(endpoint: str, headers: dict[str, str]) -> AsyncIterator[
 
 @pytest.mark.timeout(180)
 def test_streamable_http(daemon: tuple[str, str], http_server: str) -> None:
-    _, key = daemon
+    url, key = daemon
+    snapshots: list[str] = []
 
     async def main() -> None:
         async with http_session(http_server, {"Authorization": f"Bearer {key}"}) as session:
-            await exercise(session)
+            await exercise(session, snapshots)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        delete_snapshots(url, key, snapshots)
 
 
 @pytest.mark.timeout(120)
