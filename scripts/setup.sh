@@ -12,7 +12,8 @@ step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 [ "$(id -u)" = 0 ] || { echo "setup: run as root (cellfork manages network namespaces and gVisor sandboxes)" >&2; exit 1; }
 
 need_pkgs=()
-for p in debootstrap iproute2 nftables gcc python3-venv ca-certificates curl protobuf-compiler; do
+# chromium and chromium-driver: the dashboard's browser tests (tests/test_dashboard.py).
+for p in debootstrap iproute2 nftables gcc python3-venv ca-certificates curl protobuf-compiler chromium chromium-driver; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then

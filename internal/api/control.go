@@ -211,6 +211,7 @@ func listedJSON(sb *sandbox.Sandbox) apitypes.ListedSandbox {
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB,
 		State: apitypes.ListedSandboxState(sb.State), EnvdVersion: EnvdVersion, Metadata: sb.Metadata,
 		PidsMax: apitypes.Optional(sb.PidsMax), OpenFiles: apitypes.Optional(sb.OpenFiles),
+		ParentSandboxID: apitypes.Optional(sb.ParentID), SnapshotID: apitypes.Optional(sb.BaseSnapshot),
 	}
 }
 

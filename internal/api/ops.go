@@ -39,6 +39,13 @@ type hostBody struct {
 	Sandboxes map[string]int `json:"sandboxes"` // by state
 	// Templates counts sandboxes by template label and state.
 	Templates map[string]map[string]int `json:"templates"`
+	// Allocated is what running sandboxes were given.
+	Allocated allocated `json:"allocated"`
+}
+
+type allocated struct {
+	CPUs        int   `json:"cpus"`
+	MemoryBytes int64 `json:"memoryBytes"`
 }
 
 func (s *Server) host(w http.ResponseWriter, r *http.Request) {
@@ -54,6 +61,10 @@ func (s *Server) host(w http.ResponseWriter, r *http.Request) {
 			b.Templates[sb.Template] = map[string]int{}
 		}
 		b.Templates[sb.Template][sb.State]++
+		if sb.State == "running" {
+			b.Allocated.CPUs += sb.CPUs
+			b.Allocated.MemoryBytes += sb.MemoryBytes
+		}
 	}
 	if b.Pool.Ready == nil {
 		b.Pool.Ready = map[string]int{}
