@@ -197,6 +197,10 @@ func (f *fakeRuntime) Restore(context.Context, sandbox.Spec, string, bool) error
 
 func (f *fakeRuntime) Prepare(context.Context, sandbox.Spec) error { return nil }
 
+func (f *fakeRuntime) ExportRootfs(_ context.Context, _, path string) error {
+	return os.WriteFile(path, make([]byte, 512), 0o600)
+}
+
 func TestRuntime(t *testing.T) {
 	h := NewHost(Config{Version: "test"})
 	dir := t.TempDir()
@@ -222,6 +226,9 @@ func TestRuntime(t *testing.T) {
 	_ = rt.Restore(reqCtx, sandbox.Spec{}, snap, true)               // a create from the snapshot
 	_ = rt.Restore(context.Background(), sandbox.Spec{}, snap, true) // a standby's fill
 	_ = rt.Prepare(context.Background(), sandbox.Spec{})             // a shell's
+	if err := rt.ExportRootfs(reqCtx, "rid", filepath.Join(dir, "upper.tar")); err != nil { // a filesystem pause
+		t.Fatal(err)
+	}
 	fr.fail = true
 	_ = rt.Restore(context.Background(), sandbox.Spec{}, filepath.Join(dir, "warm", "w"), true) // a failed ready refill
 	body := scrape(t, h)
@@ -237,6 +244,8 @@ func TestRuntime(t *testing.T) {
 		`cellfork_runtime_operations_total{op="restore",result="error"} 1`,
 		`cellfork_runtime_operations_total{op="restore",result="ok"} 2`,
 		`cellfork_runtime_operation_duration_seconds_count{op="checkpoint"} 1`,
+		`cellfork_checkpoints_total{kind="filesystem",trigger="request"} 1`,
+		`cellfork_checkpoint_bytes_total{kind="filesystem"} 512`,
 	} {
 		hasLine(t, body, l)
 	}

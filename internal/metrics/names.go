@@ -73,11 +73,11 @@ var (
 	defOperation        = def{"operation_duration_seconds", "Latency of each operation, in total and by phase (the phases of its Server-Timing header).", []string{"operation", "phase"}}
 	defCreates          = def{"sandbox_creates_total", "Sandboxes created, by boot mode (pool, standby, restore, boot, fork) and template.", []string{"boot_mode", "template"}}
 	defAdmissionReject  = def{"admission_rejections_total", "Requests refused with 503 because no start slot came free in time or the line was full, by operation.", []string{"operation"}}
-	defRuntimeOps       = def{"runtime_operations_total", "Calls to the sandbox runtime (gVisor), by operation (start, prepare, restore, checkpoint, pause, resume, destroy) and result (ok, error).", []string{"op", "result"}}
+	defRuntimeOps       = def{"runtime_operations_total", "Calls to the sandbox runtime (gVisor), by operation (start, prepare, restore, checkpoint, export_rootfs, pause, resume, destroy) and result (ok, error).", []string{"op", "result"}}
 	defRuntimeLatency   = def{"runtime_operation_duration_seconds", "Latency of calls to the sandbox runtime, by operation.", []string{"op"}}
 	defRestores         = def{"restores_total", "Checkpoint images restored, by source (template, snapshot, fork, paused) and trigger (request, background).", []string{"source", "trigger"}}
 	defRestoreBytes     = def{"restore_bytes_total", "Bytes of checkpoint images restored, by source.", []string{"source"}}
-	defCheckpoints      = def{"checkpoints_total", "Checkpoint images written, by kind (snapshot, fork, pause, template) and trigger (request, background).", []string{"kind", "trigger"}}
+	defCheckpoints      = def{"checkpoints_total", "Checkpoint images written, by kind (snapshot, fork, pause, template; filesystem: a filesystem-only pause's tar of the root filesystem's changes) and trigger (request, background).", []string{"kind", "trigger"}}
 	defCheckpointBytes  = def{"checkpoint_bytes_total", "Bytes of checkpoint images written, by kind.", []string{"kind"}}
 	defPoolRefills      = def{"pool_refills_total", "Background refills of the pool, by kind (ready, shell, standby) and result (ok, error).", []string{"kind", "result"}}
 	defEgressDenied     = def{"egress_denied_total", "Sandbox egress refused by the network policy, by reason: firewall (an address or range the rules refuse, or internet off), proxy (a name no domain rule allows), dns (a name the resolver refused).", []string{"reason"}}

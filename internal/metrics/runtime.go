@@ -15,7 +15,10 @@ const (
 	ImageSnapshot = "snapshot"
 	ImageFork     = "fork"
 	ImagePaused   = "pause" // a sandbox paused to disk
-	ImageOther    = "other"
+	// ImageFilesystem is a filesystem-only pause's tar of the root
+	// filesystem's changes (not a checkpoint image; counted as one).
+	ImageFilesystem = "filesystem"
+	ImageOther      = "other"
 )
 
 // KindFunc says what a checkpoint image directory holds (Image*), from
@@ -107,6 +110,21 @@ func (r *instrumented) Checkpoint(ctx context.Context, id, dir string, leaveRunn
 		k := r.kind(dir)
 		r.h.checkpoints.WithLabelValues(k, trigger(ctx)).Inc()
 		r.h.checkpointBytes.WithLabelValues(k).Add(float64(dirSize(dir)))
+	}
+	return err
+}
+
+// ExportRootfs is a filesystem-only pause's save: counted as a checkpoint
+// of kind "filesystem", with the tar's bytes.
+func (r *instrumented) ExportRootfs(ctx context.Context, id, path string) error {
+	t0 := time.Now()
+	err := r.Runtime.ExportRootfs(ctx, id, path)
+	r.observe("export_rootfs", t0, err)
+	if err == nil {
+		r.h.checkpoints.WithLabelValues(ImageFilesystem, trigger(ctx)).Inc()
+		if fi, err := os.Stat(path); err == nil {
+			r.h.checkpointBytes.WithLabelValues(ImageFilesystem).Add(float64(fi.Size()))
+		}
 	}
 	return err
 }

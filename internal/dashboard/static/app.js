@@ -222,16 +222,21 @@ async function sandboxPage(view, [id]) {
   view.append(await lineageCard(id));
 }
 
-// metricsCard charts CPU and memory from samples taken while the page is open.
+// metricsCard charts CPU and memory: the daemon's history (a sample every
+// few seconds, the last hour kept), then new samples as they come.
 function metricsCard(id) {
   const pts = [];
   const cpu = h("div", { class: "chart" }), mem = h("div", { class: "chart" });
   const now = h("p", { class: "muted" });
-  every(2000, async () => {
-    const [m] = await api("/sandboxes/" + encodeURIComponent(id) + "/metrics");
-    pts.push(m);
-    if (pts.length > 150) pts.shift();
-    now.textContent = "CPU " + m.cpuUsedPct.toFixed(1) + "% of " + m.cpuCount + " · memory " + bytes(m.memUsed) + " of " + bytes(m.memTotal);
+  every(3000, async () => {
+    const since = pts.length ? "?start=" + (pts[pts.length - 1].timestampUnix + 1) : "";
+    const ms = await api("/sandboxes/" + encodeURIComponent(id) + "/metrics" + since);
+    for (const m of ms) if (!pts.length || m.timestampUnix > pts[pts.length - 1].timestampUnix) pts.push(m);
+    pts.splice(0, Math.max(0, pts.length - 720));
+    if (!pts.length) return;
+    const m = pts[pts.length - 1];
+    now.textContent = "CPU " + m.cpuUsedPct.toFixed(1) + "% of " + m.cpuCount + " · memory " + bytes(m.memUsed) + " of " + bytes(m.memTotal) +
+      " · " + pts.length + " samples since " + new Date(pts[0].timestampUnix * 1000).toLocaleTimeString();
     cpu.replaceChildren(chart(pts.map(p => p.cpuUsedPct), 100, "cpu"));
     mem.replaceChildren(chart(pts.map(p => p.memUsed), m.memTotal, "mem"));
   });
