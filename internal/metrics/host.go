@@ -240,29 +240,40 @@ func (c *levels) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d def, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(levelDescs[d.name], prometheus.GaugeValue, v, labels...)
 	}
-	type key struct{ state, template string }
-	counts := map[key]int{}
 	// Both states of every template with a sandbox are reported, so that
 	// a state's series drops to 0 rather than vanishing.
+	states := []string{"running", "paused"}
+	counts := map[string]*[2]int{} // template -> by state
+	other := map[[2]string]int{}   // a state neither (none today)
 	var cpus, onDisk int
 	var mem int64
 	for _, sb := range st.Sandboxes {
-		counts[key{sb.State, sb.Template}]++
-		for _, s := range []string{"running", "paused"} {
-			if k := (key{s, sb.Template}); counts[k] == 0 {
-				counts[k] = 0
-			}
+		c := counts[sb.Template]
+		if c == nil {
+			c = &[2]int{}
+			counts[sb.Template] = c
 		}
-		if sb.State == "running" {
+		switch sb.State {
+		case "running":
+			c[0]++
 			cpus += sb.CPUs
 			mem += sb.MemoryBytes
+		case "paused":
+			c[1]++
+		default:
+			other[[2]string{sb.State, sb.Template}]++
 		}
 		if sb.OnDisk {
 			onDisk++
 		}
 	}
-	for k, n := range counts {
-		gauge(defSandboxes, float64(n), k.state, k.template)
+	for t, c := range counts {
+		for i, state := range states {
+			gauge(defSandboxes, float64(c[i]), state, t)
+		}
+	}
+	for k, n := range other {
+		gauge(defSandboxes, float64(n), k[0], k[1])
 	}
 	gauge(defSandboxesPausedOnDisk, float64(onDisk))
 	gauge(defAllocatedCPUs, float64(cpus))

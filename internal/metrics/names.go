@@ -34,9 +34,10 @@ func (d def) histogram(buckets []float64) *prometheus.HistogramVec {
 	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: d.name, Help: d.help, Buckets: buckets}, d.labels)
 }
 
-// LatencyBuckets (seconds) span a pool hand-off (a few ms) to a cold boot
-// or a large checkpoint (tens of seconds).
-var LatencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+// LatencyBuckets (seconds) span a pause (about 1.5 ms) and a pool
+// hand-off (a few ms) to a cold boot or a large checkpoint (seconds). Few
+// buckets keep a scrape small: each is a line per series.
+var LatencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
 
 // Host (daemon) metrics: read from the manager at scrape time.
 var (
@@ -93,3 +94,16 @@ var (
 	defGatewayRequests = def{"gateway_requests_total", "Requests the gateway answered, by plane and status code.", []string{"plane", "code"}}
 	defGatewayHosts    = def{"gateway_hosts", "Hosts the gateway knows, by region and state (ready, draining, down).", []string{"region", "state"}}
 )
+
+// allDefs are every metric above, for the tests that keep
+// docs/operations.md and deploy/grafana in step with them.
+var allDefs = []def{
+	defSandboxes, defSandboxesPausedOnDisk, defAllocatedCPUs, defAllocatedMemory, defPoolReady, defPoolReadyTarget,
+	defPoolShells, defPoolShellsTarget, defStandbys, defStandbysMax, defStartsRunning, defStartsWaiting, defStartSlots,
+	defStartQueue, defSnapshots, defSnapshotBytes, defSnapshotCap, defHostCPUs, defHostMemory, defHostMemoryAvailable,
+	defHostDiskFree, defHostDisk, defBuildInfo,
+	defRequests, defRequestsInFlight, defOperation, defCreates, defAdmissionReject, defRuntimeOps, defRuntimeLatency,
+	defRestores, defRestoreBytes, defCheckpoints, defCheckpointBytes, defPoolRefills, defEgressDenied, defAgentErrors,
+	defAuthFailures, defScrape,
+	defGatewayRoute, defGatewayRequests, defGatewayHosts,
+}
