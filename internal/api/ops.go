@@ -2,6 +2,7 @@ package api
 
 import (
 	"net/http"
+	"regexp"
 	"strings"
 	"time"
 
@@ -75,6 +76,9 @@ func (s *Server) host(w http.ResponseWriter, r *http.Request) {
 // maxMetricsIDs bounds GET /sandboxes/metrics, as E2B's does.
 const maxMetricsIDs = 100
 
+// sandboxIDRE is what a sandbox id can be (as the proxy's Host form).
+var sandboxIDRE = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
+
 // metricsMany is E2B's GET /sandboxes/metrics?sandbox_ids=a,b: the
 // current sample of each named sandbox; unknown ids are left out.
 func (s *Server) metricsMany(w http.ResponseWriter, r *http.Request) {
@@ -91,6 +95,12 @@ func (s *Server) metricsMany(w http.ResponseWriter, r *http.Request) {
 	if len(ids) > maxMetricsIDs {
 		s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "sandbox_ids: at most %d ids", maxMetricsIDs))
 		return
+	}
+	for _, id := range ids {
+		if !sandboxIDRE.MatchString(id) {
+			s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "sandbox_ids: %q is not a sandbox id", id))
+			return
+		}
 	}
 	out := map[string]any{}
 	now := time.Now()

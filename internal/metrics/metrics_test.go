@@ -224,9 +224,9 @@ func TestRuntime(t *testing.T) {
 	if err := rt.Checkpoint(reqCtx, "rid", snap, true); err != nil {
 		t.Fatal(err)
 	}
-	_ = rt.Restore(reqCtx, sandbox.Spec{}, snap, true)               // a create from the snapshot
-	_ = rt.Restore(context.Background(), sandbox.Spec{}, snap, true) // a standby's fill
-	_ = rt.Prepare(context.Background(), sandbox.Spec{})             // a shell's
+	_ = rt.Restore(reqCtx, sandbox.Spec{}, snap, true)                                      // a create from the snapshot
+	_ = rt.Restore(context.Background(), sandbox.Spec{}, snap, true)                        // a standby's fill
+	_ = rt.Prepare(context.Background(), sandbox.Spec{})                                    // a shell's
 	if err := rt.ExportRootfs(reqCtx, "rid", filepath.Join(dir, "upper.tar")); err != nil { // a filesystem pause
 		t.Fatal(err)
 	}
