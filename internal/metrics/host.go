@@ -16,7 +16,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cellfork/cellfork/internal/timing"
 )
@@ -136,12 +135,8 @@ func NewHost(cfg Config) *Host {
 	}
 	h.reg.MustRegister(h.requests, h.inFlight, h.operation, h.creates, h.admissionReject, h.runtimeOps,
 		h.runtimeLatency, h.restores, h.restoreBytes, h.checkpoints, h.checkpointBytes, h.refills,
-		h.egressDenied, h.agentErrors, h.authFailures,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	build := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: defBuildInfo.name, Help: defBuildInfo.help,
-		ConstLabels: prometheus.Labels{"version": cfg.Version, "goversion": runtime.Version()}})
-	build.Set(1)
-	h.reg.MustRegister(build)
+		h.egressDenied, h.agentErrors, h.authFailures)
+	h.reg.MustRegister(collectorsFor(cfg.Version)...)
 	// Series that exist from the start, so that rates and alerts see a 0
 	// before the first event.
 	for _, r := range []string{"firewall", "proxy", "dns"} {
@@ -153,15 +148,22 @@ func NewHost(cfg Config) *Host {
 	return h
 }
 
+// collectorsFor are what every cellfork process exports: the Go
+// runtime's and the process's metrics, and cellfork_build_info.
+func collectorsFor(version string) []prometheus.Collector {
+	build := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: defBuildInfo.name, Help: defBuildInfo.help,
+		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version()}})
+	build.Set(1)
+	return []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), build}
+}
+
 // Registry is where the metrics are registered (the gateway's own metrics
 // may join them).
 func (h *Host) Registry() *prometheus.Registry { return h.reg }
 
 // Handler serves the metrics in Prometheus's text format (or
 // OpenMetrics, when the scraper asks).
-func (h *Host) Handler() http.Handler {
-	return promhttp.HandlerFor(h.reg, promhttp.HandlerOpts{EnableOpenMetrics: true, MaxRequestsInFlight: 4, Timeout: 10 * time.Second})
-}
+func (h *Host) Handler() http.Handler { return Handler(h.reg) }
 
 // TemplateLabel maps a template id to its label value.
 func (h *Host) TemplateLabel(id string) string {

@@ -101,11 +101,15 @@ func TestLint(t *testing.T) {
 	g := NewGateway(h.Registry()) // the gateway's names join the daemon's
 	g.Routed("data", "ok", time.Millisecond)
 	g.Answered("data", 200)
-	g.Hosts("eu", "ready", 3)
+	g.SetHosts(func() map[[2]string]int { return map[[2]string]int{{"eu", "ready"}: 3} })
 	problems, err := testutil.GatherAndLint(h.Registry())
 	if err != nil {
 		t.Fatal(err)
 	}
+	hasLine(t, scrape(t, h), `cellfork_gateway_hosts{region="eu",state="ready"} 3`)
+	var nilGateway *Gateway // a gateway without metrics counts nothing
+	nilGateway.Routed("data", "ok", time.Millisecond)
+	nilGateway.AuthFailure("missing_key")
 	for _, p := range problems {
 		t.Errorf("%s: %s", p.Metric, p.Text)
 	}

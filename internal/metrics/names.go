@@ -90,9 +90,9 @@ var (
 // Gateway metrics (cluster mode): defined here, registered by the gateway
 // (NewGateway). It also counts cellfork_auth_failures_total.
 var (
-	defGatewayRoute    = def{"gateway_route_duration_seconds", "Time the gateway takes to route a request to its host (lookup and connection), by plane (control, data) and outcome (ok, no_host, unreachable).", []string{"plane", "outcome"}}
+	defGatewayRoute    = def{"gateway_route_duration_seconds", "Time the gateway takes to route a data-plane request to its host (the host's lookup from the id and the token check, before forwarding), by plane and outcome (ok, unreachable: the host did not answer).", []string{"plane", "outcome"}}
 	defGatewayRequests = def{"gateway_requests_total", "Requests the gateway answered, by plane and status code.", []string{"plane", "code"}}
-	defGatewayHosts    = def{"gateway_hosts", "Hosts the gateway knows, by region and state (ready, draining, down).", []string{"region", "state"}}
+	defGatewayHosts    = def{"gateway_hosts", "Hosts the gateway knows in its region, by region and state (active, cordoned, draining, lost).", []string{"region", "state"}}
 )
 
 // allDefs are every metric above, for the tests that keep
