@@ -93,13 +93,12 @@ func agentPort(port int) string {
 	return ""
 }
 
-// dataRoute is a data-plane span's name: the agent's routes by path, a
-// user's port by method alone (its paths are the user's).
-func dataRoute(r *http.Request, t target, op string) string {
-	if op == "port" {
-		return r.Method + " port"
-	}
-	if op == "process" || op == "filesystem" || op == "run_code" || op == "files" {
+// dataRoute is a data-plane span's name, from a small set: the fixed
+// paths by path, the rest by operation (the span's url.path attribute has
+// the path; a user's port's paths are the user's, and any path reaches
+// the agent).
+func dataRoute(r *http.Request, op string) string {
+	if op == "run_code" || op == "files" {
 		return r.Method + " " + r.URL.Path
 	}
 	return r.Method + " " + op
@@ -110,7 +109,7 @@ func (s *Server) observe(r *http.Request, t target, dataPlane bool, status int, 
 	var op, route, sandboxID string
 	if dataPlane {
 		op = dataOperation(t, r.URL.Path)
-		route, sandboxID = dataRoute(r, t, op), t.sandboxID
+		route, sandboxID = dataRoute(r, op), t.sandboxID
 	} else {
 		pattern := r.Pattern
 		if pattern == "" { // refused before routing

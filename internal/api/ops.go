@@ -9,7 +9,6 @@ import (
 	"github.com/cellfork/cellfork/internal/api/apitypes"
 	"github.com/cellfork/cellfork/internal/dashboard"
 	"github.com/cellfork/cellfork/internal/errdefs"
-	"github.com/cellfork/cellfork/internal/metrics"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
@@ -33,29 +32,15 @@ func isDashboard(path string) bool {
 	return path == "/dashboard" || strings.HasPrefix(path, "/dashboard/")
 }
 
-// hostBody is GET /host: the host's levels (what /metrics reports as
+// host serves GET /host: the host's levels (what /metrics reports as
 // gauges), for the dashboard.
-type hostBody struct {
-	metrics.Stats
-	Sandboxes map[string]int `json:"sandboxes"` // by state
-	// Templates counts sandboxes by template label and state.
-	Templates map[string]map[string]int `json:"templates"`
-	// Allocated is what running sandboxes were given.
-	Allocated allocated `json:"allocated"`
-}
-
-type allocated struct {
-	CPUs        int   `json:"cpus"`
-	MemoryBytes int64 `json:"memoryBytes"`
-}
-
 func (s *Server) host(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Host == nil {
 		s.fail(w, r, errdefs.New(errdefs.ErrNotFound, "this daemon reports no host levels"))
 		return
 	}
 	st := s.cfg.Host.Stats(r.Context())
-	b := hostBody{Stats: st, Sandboxes: map[string]int{"running": 0, "paused": 0}, Templates: map[string]map[string]int{}}
+	b := apitypes.Host{Sandboxes: map[string]int{"running": 0, "paused": 0}, Templates: map[string]map[string]int{}}
 	for _, sb := range st.Sandboxes {
 		b.Sandboxes[sb.State]++
 		if b.Templates[sb.Template] == nil {
@@ -63,13 +48,22 @@ func (s *Server) host(w http.ResponseWriter, r *http.Request) {
 		}
 		b.Templates[sb.Template][sb.State]++
 		if sb.State == "running" {
-			b.Allocated.CPUs += sb.CPUs
+			b.Allocated.Cpus += sb.CPUs
 			b.Allocated.MemoryBytes += sb.MemoryBytes
 		}
 	}
-	if b.Pool.Ready == nil {
-		b.Pool.Ready = map[string]int{}
+	p := &b.Pool
+	p.Ready, p.ReadyTarget, p.Shells, p.ShellTarget = st.Pool.Ready, st.Pool.ReadyTarget, st.Pool.Shells, st.Pool.ShellTarget
+	p.Standbys, p.StandbysReady, p.StandbyMax = st.Pool.Standbys, st.Pool.StandbysReady, st.Pool.StandbyMax
+	if p.Ready == nil {
+		p.Ready = map[string]int{}
 	}
+	a := &b.Admission
+	a.Running, a.Waiting, a.Slots, a.QueueCapacity = st.Admission.Running, st.Admission.Waiting, st.Admission.Slots, st.Admission.QueueCap
+	b.Snapshots.Count, b.Snapshots.Bytes, b.Snapshots.CapBytes = st.Snapshots.Count, st.Snapshots.Bytes, st.Snapshots.CapBytes
+	c := &b.Capacity
+	c.Cpus, c.MemoryBytes, c.MemoryAvailableBytes = st.Capacity.CPUs, st.Capacity.MemoryBytes, st.Capacity.MemoryAvailableBytes
+	c.DiskBytes, c.DiskFreeBytes = st.Capacity.DiskBytes, st.Capacity.DiskFreeBytes
 	writeJSON(w, http.StatusOK, b)
 }
 
@@ -102,7 +96,7 @@ func (s *Server) metricsMany(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	out := map[string]any{}
+	out := apitypes.SandboxesWithMetrics{Sandboxes: map[string]apitypes.SandboxMetric{}}
 	now := time.Now()
 	for _, id := range ids {
 		// The last few seconds reach now: the latest sample, taken now if
@@ -111,9 +105,9 @@ func (s *Server) metricsMany(w http.ResponseWriter, r *http.Request) {
 		if err != nil || len(ms) == 0 {
 			continue // killed meanwhile, or never was
 		}
-		out[id] = metricJSON(ms[len(ms)-1])
+		out.Sandboxes[id] = metricJSON(ms[len(ms)-1])
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+	writeJSON(w, http.StatusOK, out)
 }
 
 // metricJSON is E2B's SandboxMetric.

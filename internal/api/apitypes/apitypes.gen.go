@@ -745,6 +745,12 @@ type SandboxMetric struct {
 	TimestampUnix int64     `json:"timestampUnix"`
 }
 
+// SandboxesWithMetrics E2B `SandboxesWithMetrics` (`GET /sandboxes/metrics`).
+type SandboxesWithMetrics struct {
+	// Sandboxes The latest sample of each sandbox, by sandbox id.
+	Sandboxes map[string]SandboxMetric `json:"sandboxes"`
+}
+
 // Snapshot E2B `SnapshotInfo` (`snapshotID`, `names`) plus cellfork's tree and size fields.
 type Snapshot struct {
 	// CreatedAt Example: 2026-01-01T00:05:00.123456789Z
