@@ -14,8 +14,9 @@ step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 need_pkgs=()
 # postgresql-15: the cluster's database (tests start their own server
 # with initdb and pg_ctl); util-linux: nsenter, to run test hosts in
-# network namespaces.
-for p in debootstrap iproute2 nftables gcc python3-venv ca-certificates curl protobuf-compiler postgresql-15 util-linux; do
+# network namespaces; chromium and chromium-driver: the dashboard's
+# browser tests (tests/test_dashboard.py).
+for p in debootstrap iproute2 nftables gcc python3-venv ca-certificates curl protobuf-compiler postgresql-15 util-linux chromium chromium-driver; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then

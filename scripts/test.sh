@@ -2,8 +2,9 @@
 # test.sh: every test. Assumes `make setup template` ran (make test does it).
 #  1. Go: vet, generated code up to date, unit tests and the integration
 #     tests (test/integration starts its own daemon with real gVisor sandboxes).
-#  2. Python: our SDK's tests and the official E2B SDK conformance suite,
-#     against a test daemon on its own port and data directory.
+#  2. Python: our SDK's tests, the official E2B SDK conformance suite, the
+#     MCP server with the official MCP SDK and the dashboard in headless
+#     Chromium, against a test daemon on its own port and data directory.
 #  3. Fuzz: schemathesis drives every operation of internal/api/openapi.yaml
 #     (control plane, envd, code interpreter) with generated valid and
 #     invalid requests and checks each answer against the document, plus
@@ -32,6 +33,9 @@ CELLFORK_TEMPLATE_DIR="${DATA_DIR:-/var/lib/cellfork}/templates" go test -count=
 
 step "python tests against a test daemon"
 . scripts/lib.sh
+# Test artifacts (the dashboard's screenshots) outlive the test daemon's
+# data; printed at the end.
+export CELLFORK_ARTIFACTS=$(mktemp -d /tmp/cellfork-artifacts.XXXXXX)
 start_test_daemon --max-upload-mb 64
 # The test daemon's network namespaces carry a hash of its data dir.
 prefix=cf$(printf '%s' "$TEST_TMP/data" | sha256sum | cut -c1-6)-
@@ -58,4 +62,5 @@ netns_left=$(ls /run/netns 2>/dev/null | grep "^$prefix" || true)
 if [ "$alive" = 0 ] && [ -n "$left" ]; then echo "leak: runsc containers left: $left"; status=1; fi
 if [ "$alive" = 0 ] && [ -n "$netns_left" ]; then echo "leak: network namespaces left: $netns_left"; status=1; fi
 if [ "$status" != 0 ]; then echo "--- test daemon log (last 40 lines)"; tail -n 40 "$TEST_TMP/daemon.log"; fi
+echo "test artifacts (dashboard screenshots): $CELLFORK_ARTIFACTS"
 exit $status

@@ -22,6 +22,8 @@ import (
 	"github.com/cellfork/cellfork/internal/clusterdb"
 	"github.com/cellfork/cellfork/internal/gateway"
 	"github.com/cellfork/cellfork/internal/ids"
+	"github.com/cellfork/cellfork/internal/metrics"
+	"github.com/cellfork/cellfork/internal/telemetry"
 )
 
 // gatewayCmd is `cellfork gateway`: the E2B API of a cluster's region.
@@ -40,6 +42,8 @@ func gatewayCmd(ctx context.Context, args []string) int {
 		}
 		return err
 	})
+	metricsAddr := fs.String("metrics-addr", os.Getenv("CELLFORK_METRICS_ADDR"), "serve the gateway's Prometheus metrics at GET /metrics, without a key, on this address (env CELLFORK_METRICS_ADDR)")
+	tracing := fs.Bool("tracing", os.Getenv("CELLFORK_TRACING") == "1", "export OpenTelemetry traces over OTLP/HTTP (OTEL_* honoured; env CELLFORK_TRACING=1)")
 	verbose := fs.Bool("v", false, "log every request")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -55,8 +59,30 @@ func gatewayCmd(ctx context.Context, args []string) int {
 	if err := os.MkdirAll(*stateDir, 0o700); err != nil {
 		return fatalf("%v", err)
 	}
+	tr, err := telemetry.New(ctx, telemetry.Config{Enabled: *tracing, Service: "cellfork-gateway", Version: buildVersion()})
+	if err != nil {
+		return fatalf("%v", err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tr.Shutdown(sctx)
+	}()
+	reg, gm := metrics.NewGatewayRegistry(buildVersion())
 	g := gateway.New(gateway.Config{URL: *url, Region: *region, StateDir: *stateDir, JWTKeys: jwtKeys,
-		DefaultMemoryMB: *memMB, Log: log})
+		DefaultMemoryMB: *memMB, Log: log, Metrics: gm, Tracing: tr})
+	if *metricsAddr != "" {
+		mln, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			return fatalf("listening on --metrics-addr %s: %v", *metricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", metrics.Handler(reg))
+		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = msrv.Serve(mln) }()
+		defer msrv.Close()
+		fmt.Fprintf(os.Stderr, "cellfork: gateway metrics on http://%s/metrics\n", mln.Addr())
+	}
 	if err := g.Start(ctx); err != nil {
 		return fatalf("%v", err)
 	}

@@ -1,6 +1,6 @@
 // Command cellfork is the cellfork daemon (`cellfork serve`), the template
-// builder (`cellfork template build`) and the CLI client (every other
-// command, see `cellfork help`).
+// builder (`cellfork template build`), the MCP server (`cellfork mcp`) and
+// the CLI client (every other command, see `cellfork help`).
 package main
 
 import (
@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/cellfork/cellfork/internal/cli"
+	"github.com/cellfork/cellfork/internal/mcpserver"
 )
 
 func main() {
@@ -27,6 +29,8 @@ func main() {
 			os.Exit(gatewayCmd(ctx, args[1:]))
 		case "admin":
 			os.Exit(adminCmd(ctx, args[1:], os.Stdout))
+		case "mcp":
+			os.Exit(mcpserver.Main(ctx, args[1:], os.Stderr, buildVersion()))
 		}
 	}
 	os.Exit(cli.Main(ctx, args, os.Stdout, os.Stderr))
@@ -35,4 +39,12 @@ func main() {
 func fatalf(format string, args ...any) int {
 	fmt.Fprintf(os.Stderr, "cellfork: "+format+"\n", args...)
 	return 1
+}
+
+// buildVersion is the module version this binary was built from.
+func buildVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "unknown"
 }

@@ -76,6 +76,8 @@ func serve(ctx context.Context, args []string) int {
 	fs.StringVar(&cfg.Cluster.URL, "cluster", os.Getenv("CELLFORK_CLUSTER"), "join the cluster whose PostgreSQL database this URL names (env CELLFORK_CLUSTER); without it the daemon is a single host")
 	fs.StringVar(&cfg.Cluster.Region, "region", envOr("CELLFORK_REGION", ""), "with --cluster: the region this host is in (its name in the cluster's region table)")
 	fs.StringVar(&cfg.Cluster.Advertise, "advertise", os.Getenv("CELLFORK_ADVERTISE"), "with --cluster: the host:port gateways reach this host at (default --addr)")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", os.Getenv("CELLFORK_METRICS_ADDR"), "also serve GET /metrics without a key on this address, e.g. 10.0.0.5:9464 (default: only on --addr, behind the API key; env CELLFORK_METRICS_ADDR)")
+	fs.BoolVar(&cfg.Tracing, "tracing", os.Getenv("CELLFORK_TRACING") == "1", "export OpenTelemetry traces over OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_* honoured; also on with OTEL_TRACES_EXPORTER=otlp; env CELLFORK_TRACING=1)")
 	verbose := fs.Bool("v", false, "log every request")
 	if err := fs.Parse(args); err != nil {
 		return 2

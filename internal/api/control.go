@@ -50,6 +50,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("POST /sandboxes/{id}/merge", s.merge)
 	s.mux.HandleFunc("PUT /sandboxes/{id}/network", s.updateNetwork)
 	s.mux.HandleFunc("GET /sandboxes/{id}/network", s.getNetwork)
+	s.opsRoutes()
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if allow := s.allowedMethods(r); len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
@@ -198,6 +199,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	s.created(sb)
 	writeJSON(w, http.StatusCreated, s.sandboxJSON(sb))
 }
 
@@ -209,6 +211,7 @@ func listedJSON(sb *sandbox.Sandbox) apitypes.ListedSandbox {
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB,
 		State: apitypes.ListedSandboxState(sb.State), EnvdVersion: EnvdVersion, Metadata: sb.Metadata,
 		PidsMax: apitypes.Optional(sb.PidsMax), OpenFiles: apitypes.Optional(sb.OpenFiles),
+		ParentSandboxID: apitypes.Optional(sb.ParentID), SnapshotID: apitypes.Optional(sb.BaseSnapshot),
 	}
 }
 

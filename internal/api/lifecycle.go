@@ -158,6 +158,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 			out[i].Error = &apitypes.ForkError{Code: status, Message: msg}
 			continue
 		}
+		s.created(res.Sandbox)
 		sb := s.sandboxJSON(res.Sandbox)
 		out[i].Sandbox = &sb
 	}

@@ -12,6 +12,7 @@ import (
 	"net/http/httputil"
 	"regexp"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -85,7 +86,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 	}
 	// E2B's lifecycle.autoResume: a request the sandbox would take wakes
 	// it (for the default lifetime); /health never does.
-	wake := func(sb *sandbox.Sandbox) bool { return r.URL.Path != "/health" && s.checkAccess(r, t, sb) == "" }
+	wake := func(sb *sandbox.Sandbox) bool { return r.URL.Path != "/health" && allowed(s.checkAccess(r, t, sb)) }
 	ep, err := s.m.Endpoint(r.Context(), t.sandboxID, wake)
 	if errors.Is(err, errdefs.ErrUnavailable) {
 		proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, errdefs.UserMessage(err))
@@ -98,7 +99,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 		return
 	}
 	tr, sb, alive := ep.Transport, ep.Sandbox, ep.Alive
-	if msg := s.checkAccess(r, t, sb); msg != "" {
+	if msg, reason := s.checkAccess(r, t, sb); msg != "" {
+		s.authFailed(reason)
 		proxyError(w, reqID, t.sandboxID, http.StatusUnauthorized, msg)
 		return
 	}
@@ -131,9 +133,13 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	defer context.AfterFunc(alive, cancel)()
+	timing.Since(ctx, "route", t0)
+	// The upstream phase lasts until the response's headers; its span is
+	// the parent of whatever the agent does (the traceparent it gets).
+	ctx, endUpstream := timing.Start(ctx, "upstream")
+	var once sync.Once
+	defer once.Do(endUpstream)
 	r = r.WithContext(ctx)
-	timing.Since(r.Context(), "route", t0)
-	t1 := time.Now()
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
@@ -142,18 +148,24 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 			for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token", "X-Api-Key"} {
 				pr.Out.Header.Del(h)
 			}
+			timing.Inject(pr.Out.Context(), pr.Out.Header)
 		},
 		Transport:     tr,
 		FlushInterval: -1,
-		ModifyResponse: func(*http.Response) error {
-			timing.Since(r.Context(), "upstream", t1)
+		ModifyResponse: func(resp *http.Response) error {
+			once.Do(endUpstream)
+			if resp.StatusCode >= 500 {
+				s.agentError(t.port, "status_5xx")
+			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			once.Do(endUpstream)
 			switch {
 			case errors.Is(err, errUploadTooLarge):
 				s.tooLarge(w, reqID, t.sandboxID)
 			case alive.Err() != nil:
+				s.agentError(t.port, "gone")
 				msg := "the sandbox went away"
 				if _, err := s.m.Endpoint(r.Context(), t.sandboxID, nil); err != nil {
 					msg = errdefs.UserMessage(err)
@@ -162,8 +174,10 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 			case r.Context().Err() != nil:
 				// The client went away; nobody to answer.
 			case errors.Is(err, syscall.ECONNREFUSED):
+				s.agentError(t.port, "refused")
 				proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox is running but port is not open")
 			default:
+				s.agentError(t.port, "unreachable")
 				s.log.Warn("proxy error", "request.id", reqID, "sandbox.id", t.sandboxID, "port", t.port, "err", err)
 				proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox is not reachable")
 			}
@@ -177,36 +191,48 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 	rp.ServeHTTP(w, r)
 }
 
-// checkAccess enforces the sandbox's tokens and returns "" when allowed.
+// allowed reports whether checkAccess let a request through.
+func allowed(msg, _ string) bool { return msg == "" }
+
+// checkAccess enforces the sandbox's tokens and returns "" when allowed,
+// else the caller's message and the reason for metrics.
 // envd and the code interpreter need the envd access token (X-Access-Token)
 // or the traffic token; /files also accepts a signed URL; /health is open.
 // User ports are public unless the sandbox was created with
 // allowPublicTraffic false: then they need the traffic token, as on E2B.
-func (s *Server) checkAccess(r *http.Request, t target, sb *sandbox.Sandbox) string {
+func (s *Server) checkAccess(r *http.Request, t target, sb *sandbox.Sandbox) (msg, reason string) {
 	if t.port != envd.Port && t.port != envd.CodeInterpreterPort {
 		if sb.Network.AllowPublicTraffic {
-			return ""
+			return "", ""
 		}
-		if v := r.Header.Get("E2b-Traffic-Access-Token"); v != "" && subtle.ConstantTimeCompare([]byte(v), []byte(sb.AccessToken)) == 1 {
-			return ""
+		v := r.Header.Get("E2b-Traffic-Access-Token")
+		if v != "" && subtle.ConstantTimeCompare([]byte(v), []byte(sb.AccessToken)) == 1 {
+			return "", ""
 		}
-		return "this sandbox's ports are private: send its trafficAccessToken in the E2B-Traffic-Access-Token header"
+		reason = "missing_token"
+		if v != "" {
+			reason = "invalid_token"
+		}
+		return "this sandbox's ports are private: send its trafficAccessToken in the E2B-Traffic-Access-Token header", reason
 	}
 	if r.URL.Path == "/health" {
-		return ""
+		return "", ""
 	}
 	for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token"} {
 		if v := r.Header.Get(h); v != "" && subtle.ConstantTimeCompare([]byte(v), []byte(sb.AccessToken)) == 1 {
-			return ""
+			return "", ""
 		}
 	}
 	if t.port == envd.Port && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
-		return checkSignature(r, sb.AccessToken)
+		if msg := checkSignature(r, sb.AccessToken); msg != "" {
+			return msg, "invalid_signature"
+		}
+		return "", ""
 	}
 	if r.Header.Get("X-Access-Token") == "" {
-		return "missing access token: send the sandbox's envdAccessToken in X-Access-Token"
+		return "missing access token: send the sandbox's envdAccessToken in X-Access-Token", "missing_token"
 	}
-	return "invalid access token"
+	return "invalid access token", "invalid_token"
 }
 
 // checkSignature verifies an E2B signed file URL (spec §4.1).
@@ -242,5 +268,6 @@ func CheckToken(r *http.Request, port int, token string) string {
 	if port != envd.Port && port != envd.CodeInterpreterPort {
 		return "" // a user port: its sandbox decides (allowPublicTraffic)
 	}
-	return (&Server{}).checkAccess(r, target{port: port}, &sandbox.Sandbox{AccessToken: token, Network: sandbox.Network{AllowPublicTraffic: true}})
+	msg, _ := (&Server{}).checkAccess(r, target{port: port}, &sandbox.Sandbox{AccessToken: token, Network: sandbox.Network{AllowPublicTraffic: true}})
+	return msg
 }

@@ -15,10 +15,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/api/apitypes"
 	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/metrics"
+	"github.com/cellfork/cellfork/internal/telemetry"
 	"github.com/cellfork/cellfork/internal/timing"
 )
 
@@ -34,6 +37,12 @@ type Config struct {
 	// Auth decides who a request comes from; nil: the API keys above (a
 	// single host).
 	Auth Authenticator
+	// Metrics counts requests and serves GET /metrics (behind the API
+	// key); nil: neither. Host serves GET /host (the host's levels).
+	Metrics *metrics.Host
+	Host    metrics.Source
+	// Tracing makes a span of every request and its phases; nil: off.
+	Tracing *telemetry.Tracing
 }
 
 // Authenticator decides who a request comes from.
@@ -101,19 +110,28 @@ type ctxKey int
 
 const requestIDKey ctxKey = 0
 
-// ServeHTTP assigns a request id, records phases into Server-Timing, and
-// dispatches to the data plane or the control plane.
+// ServeHTTP assigns a request id, records phases into Server-Timing (and
+// metrics and spans), and dispatches to the data plane or the control
+// plane.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	Observe(s.log, w, r, func(w http.ResponseWriter, r *http.Request, id string) {
-		if t, ok := dataPlaneTarget(r); ok {
+	t, dataPlane := dataPlaneTarget(r)
+	defer s.inFlight(dataPlane)()
+	routed := r // the request the mux saw (its pattern and path values)
+	serve := func(w http.ResponseWriter, r *http.Request, id string) {
+		routed = r
+		if dataPlane {
 			if msg := s.cfg.Auth.DataPlane(r); msg != "" {
 				proxyError(w, id, t.sandboxID, http.StatusUnauthorized, msg)
 			} else {
 				s.proxy(w, r, t, id)
 			}
 		} else if r, ok := s.authorized(w, r, id); ok {
+			routed = r
 			s.mux.ServeHTTP(w, r)
 		}
+	}
+	ObserveTraced(s.log, s.cfg.Tracing, w, r, serve, func(status int, rec *timing.Recorder, span *telemetry.Request, total time.Duration) {
+		s.observe(routed, t, dataPlane, status, rec, span, total)
 	})
 }
 
@@ -122,8 +140,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // forwarded as trust) and the phases recorded into Server-Timing, and logs
 // it. The gateway serves through it too.
 func Observe(log *slog.Logger, w http.ResponseWriter, r *http.Request, serve func(w http.ResponseWriter, r *http.Request, reqID string)) {
+	ObserveTraced(log, nil, w, r, serve, nil)
+}
+
+// ObserveTraced is Observe that also makes a span of the request (and of
+// each phase) when tracing is on, and then calls done (nil: none) with
+// the outcome, for metrics; done ends the span (telemetry.Request.Finish),
+// else the span is ended unnamed.
+func ObserveTraced(log *slog.Logger, tracing *telemetry.Tracing, w http.ResponseWriter, r *http.Request,
+	serve func(w http.ResponseWriter, r *http.Request, reqID string),
+	done func(status int, rec *timing.Recorder, span *telemetry.Request, total time.Duration)) {
 	start := time.Now()
-	ctx, rec := timing.With(r.Context())
+	ctx, span := tracing.StartRequest(r)
+	ctx, rec := timing.WithTracer(ctx, tracing.Phases())
 	id := newRequestID()
 	tw := &timedWriter{ResponseWriter: w, rec: rec, start: start}
 	tw.Header().Set("X-Request-Id", id)
@@ -133,8 +162,14 @@ func Observe(log *slog.Logger, w http.ResponseWriter, r *http.Request, serve fun
 	if !tw.wrote {
 		tw.WriteHeader(http.StatusOK)
 	}
+	total := time.Since(start)
+	if done != nil {
+		done(tw.status, rec, span, total)
+	} else {
+		span.Finish("", "", "", tw.status)
+	}
 	log.Debug("request", "request.id", id, "method", r.Method, "path", r.URL.Path,
-		"status", tw.status, "ms", float64(time.Since(start).Microseconds())/1000)
+		"status", tw.status, "ms", float64(total.Microseconds())/1000)
 }
 
 // WriteError answers with the E2B error shape.
@@ -218,13 +253,24 @@ func (w *timedWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 // authorized authenticates a control-plane request and returns it in the
-// context it runs in.
+// context it runs in. GET /metrics also takes the key as "Authorization:
+// Bearer KEY" (what Prometheus's scrape configuration sends). The
+// dashboard's static files are public: the page asks for a key and sends
+// it with every API call.
 func (s *Server) authorized(w http.ResponseWriter, r *http.Request, reqID string) (*http.Request, bool) {
-	if r.URL.Path == "/health" || r.URL.Path == "/openapi.yaml" {
+	if r.URL.Path == "/health" || r.URL.Path == "/openapi.yaml" || isDashboard(r.URL.Path) {
 		return r, true
+	}
+	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && r.URL.Path == "/metrics" && r.Header.Get("X-API-KEY") == "" {
+		r.Header.Set("X-API-KEY", bearer)
 	}
 	ctx, msg := s.cfg.Auth.Control(r)
 	if msg != "" {
+		if r.Header.Get("X-API-KEY") == "" {
+			s.authFailed("missing_key")
+		} else {
+			s.authFailed("invalid_key")
+		}
 		writeError(w, reqID, http.StatusUnauthorized, msg)
 		return r, false
 	}

@@ -65,6 +65,7 @@ func (HTTPAgent) Init(ctx context.Context, b *Box, init envd.InitRequest) error 
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	timing.Inject(ctx, req.Header)
 	resp, err := b.Transport.RoundTrip(req)
 	if err != nil {
 		return fmt.Errorf("posting /init: %w", err)

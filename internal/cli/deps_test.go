@@ -7,10 +7,10 @@ import (
 )
 
 // TestDeps checks that the CLI links no daemon, runtime or store code: of
-// this module only the generated wire code (internal/envd/... and
-// internal/api/apitypes, not internal/api itself), and outside the
-// standard library only connect and protobuf (which the generated envd
-// code needs).
+// this module only internal/client and the generated wire code
+// (internal/envd/... and internal/api/apitypes, not internal/api itself),
+// and outside the standard library only connect and protobuf (which the
+// generated envd code needs).
 func TestDeps(t *testing.T) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
@@ -23,7 +23,7 @@ func TestDeps(t *testing.T) {
 	const self = "github.com/cellfork/cellfork/"
 	for _, pkg := range strings.Fields(string(out)) {
 		switch {
-		case pkg == self+"internal/cli":
+		case pkg == self+"internal/cli" || pkg == self+"internal/client":
 		case strings.HasPrefix(pkg, self+"internal/envd/"), pkg == self+"internal/api/apitypes":
 		case pkg == "connectrpc.com/connect" || strings.HasPrefix(pkg, "connectrpc.com/connect/internal/"):
 		case strings.HasPrefix(pkg, "google.golang.org/protobuf/"):

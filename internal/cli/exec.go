@@ -86,7 +86,7 @@ func (a *app) exec(ctx context.Context, args []string) error {
 		return err
 	}
 	capture := &captureTransport{base: a.roundTripper()}
-	pc := processconnect.NewProcessClient(&http.Client{Transport: capture}, c.base, connect.WithProtoJSON())
+	pc := processconnect.NewProcessClient(&http.Client{Transport: capture}, c.Base, connect.WithProtoJSON())
 	req := connect.NewRequest(startRequest(o))
 	setEnvdHeaders(req.Header(), o.id, token, o.user)
 	req.Header().Set("Keepalive-Ping-Interval", "50")

@@ -117,7 +117,7 @@ func (c *apiClient) execute(ctx context.Context, id, token string, body executeR
 	if err != nil {
 		return nil, fmt.Errorf("encoding request: %w", err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/execute", bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.Base+"/execute", bytes.NewReader(b))
 	if err != nil {
 		return nil, fmt.Errorf("building request: %w", err)
 	}
@@ -128,9 +128,9 @@ func (c *apiClient) execute(ctx context.Context, id, token string, body executeR
 	if token != "" {
 		req.Header.Set("X-Access-Token", token)
 	}
-	resp, err := c.http.Do(req)
+	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		return nil, reachError(c.base, err)
+		return nil, reachError(c.Base, err)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		defer resp.Body.Close()

@@ -11,6 +11,7 @@ const usageMain = `Usage: cellfork [global flags] <command> [flags] [args]
 Commands:
   serve                         run the daemon
   template build [NAME]         build a template's root filesystem locally
+  mcp [--http ADDR]             serve the Model Context Protocol (cellfork mcp --help)
   sandbox create                create a sandbox and print its id
   sandbox list                  list sandboxes
   sandbox kill ID...            kill sandboxes

@@ -24,10 +24,12 @@ import (
 	"github.com/cellfork/cellfork/internal/box"
 	"github.com/cellfork/cellfork/internal/clusterhost"
 	"github.com/cellfork/cellfork/internal/manager"
+	"github.com/cellfork/cellfork/internal/metrics"
 	"github.com/cellfork/cellfork/internal/netns"
 	"github.com/cellfork/cellfork/internal/runtime/gvisor"
 	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/store"
+	"github.com/cellfork/cellfork/internal/telemetry"
 	"github.com/cellfork/cellfork/internal/template"
 )
 
@@ -51,6 +53,11 @@ type Config struct {
 	DNS []string
 	// Cluster, with a URL, makes the daemon a host of a cluster.
 	Cluster clusterhost.Config
+	// MetricsAddr also serves GET /metrics, without a key, on this address
+	// ("" = only on Addr, behind the key). Tracing turns on OpenTelemetry
+	// tracing (OTEL_* variables configure it).
+	MetricsAddr string
+	Tracing     bool
 }
 
 // Validate rejects configurations that cannot work.
@@ -61,6 +68,9 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		errs = append(errs, fmt.Errorf("--addr %q: %w", c.Addr, err))
+	}
+	if _, _, err := net.SplitHostPort(c.MetricsAddr); c.MetricsAddr != "" && err != nil {
+		errs = append(errs, fmt.Errorf("--metrics-addr %q: %w", c.MetricsAddr, err))
 	}
 	if c.MaxUploadBytes <= 0 {
 		errs = append(errs, errors.New("--max-upload-mb must be positive"))
@@ -136,10 +146,22 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	if cfg.TemplateLimits, err = cfg.templateLimits(); err != nil {
 		return err
 	}
-	rt, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, Root: filepath.Join(cfg.DataDir, "runsc")})
+	grt, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, Root: filepath.Join(cfg.DataDir, "runsc")})
 	if err != nil {
 		return err
 	}
+	tracing, err := telemetry.New(ctx, telemetry.Config{Enabled: cfg.Tracing, Version: version()})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tracing.Shutdown(sctx) // exports what is buffered
+	}()
+	src := &hostSource{dataDir: cfg.DataDir}
+	mh := metrics.NewHost(metrics.Config{Source: src, Version: version(), TemplateLabel: templateLabel})
+	rt := mh.Runtime(grt, imageKind)
 	if cfg.TemplateDir == "" {
 		cfg.TemplateDir = filepath.Join(cfg.DataDir, "templates")
 	}
@@ -177,6 +199,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		fmt.Fprintf(out, "cellfork: host slot %d of the cluster, region %s\n", member.Slot(), cfg.Cluster.Region)
 	}
 	m := manager.New(cfg.Config, deps)
+	src.m = m
 	if err := m.Reconcile(ctx); err != nil {
 		log.Warn("reconcile incomplete", "err", err)
 	}
@@ -189,6 +212,18 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		defer cancel()
 		member.Start(mctx, hostView{m})
 	}
+	go mh.SampleEgress(ctx, egressInterval, egressReader(m))
+	if cfg.MetricsAddr != "" {
+		addr, err := serveMetrics(ctx, cfg.MetricsAddr, mh.Handler(), log)
+		if err != nil {
+			return fmt.Errorf("listening on --metrics-addr %s: %w", cfg.MetricsAddr, err)
+		}
+		fmt.Fprintf(out, "cellfork: metrics on http://%s/metrics\n", addr)
+	}
+	if tracing != nil {
+		fmt.Fprintln(out, "cellfork: tracing on (OTLP over HTTP; OTEL_EXPORTER_OTLP_ENDPOINT says where)")
+	}
+	apiCfg.Metrics, apiCfg.Host, apiCfg.Tracing = mh, src, tracing
 	return serve(ctx, cfg.Addr, api.New(apiCfg, m, log), log, out)
 }
 

@@ -36,7 +36,9 @@ import (
 
 	"github.com/cellfork/cellfork/internal/clusterdb"
 	"github.com/cellfork/cellfork/internal/ids"
+	"github.com/cellfork/cellfork/internal/metrics"
 	"github.com/cellfork/cellfork/internal/placement"
+	"github.com/cellfork/cellfork/internal/telemetry"
 )
 
 // Config configures a gateway.
@@ -53,6 +55,10 @@ type Config struct {
 	// say (the hosts' default).
 	DefaultMemoryMB int64
 	Log             *slog.Logger
+	// Metrics counts requests, routing and auth failures (nil: none);
+	// Tracing makes a span of every request (nil: off).
+	Metrics *metrics.Gateway
+	Tracing *telemetry.Tracing
 }
 
 // Gateway serves a region. Safe for concurrent use.
@@ -111,6 +117,7 @@ func New(cfg Config) *Gateway {
 	empty := map[string]int{}
 	g.moved.Store(&empty)
 	g.keys.ttl = cfg.KeyTTL
+	cfg.Metrics.SetHosts(g.hostCounts)
 	return g
 }
 

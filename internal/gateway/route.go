@@ -29,7 +29,7 @@ const headerRegion = "X-Cellfork-Region"
 
 // ServeHTTP routes a request.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	api.Observe(g.log, w, r, g.serve)
+	api.ObserveTraced(g.log, g.cfg.Tracing, w, r, g.serve, g.observed(r))
 }
 
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, reqID string) {
@@ -285,6 +285,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, h hop, modify 
 			pr.Out.URL.Path = strings.TrimSuffix(target.Path, "/") + pr.In.URL.Path
 			pr.Out.Host = pr.In.Host // the host routes the data plane by it
 			pr.Out.Header.Del("X-Request-Id")
+			timing.Inject(pr.Out.Context(), pr.Out.Header) // with tracing: the host's spans join the gateway's
 			if h.toHost {
 				if h.control {
 					// Hosts trust the signature; the client's credentials

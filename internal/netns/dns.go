@@ -92,6 +92,7 @@ func (n *Network) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	}
 	name := strings.TrimSuffix(strings.ToLower(q.Question[0].Name), ".")
 	if p := n.currentPolicy(); !resolves(&p, name) {
+		n.dnsRefused.Add(1)
 		reply(dns.RcodeRefused)
 		return
 	}

@@ -73,6 +73,7 @@ type Network struct {
 	policy Policy
 
 	proxyDenied atomic.Uint64      // connections the proxy refused
+	dnsRefused  atomic.Uint64      // queries the resolver refused (names no rule allows)
 	stop        context.CancelFunc // ends the resolver, the proxy and their connections
 }
 

@@ -246,23 +246,32 @@ func (n *Network) currentPolicy() Policy {
 // refused: packets of new connections the router dropped, and connections
 // its proxy turned away.
 func (n *Network) Denied() (uint64, error) {
+	fw, proxy, _, err := n.DeniedByReason()
+	return fw + proxy, err
+}
+
+// DeniedByReason splits the refusals by where they happened: the router's
+// rules (firewall), the domain-rule proxy, and the resolver (names no rule
+// allows; not counted by Denied, as no connection was attempted).
+func (n *Network) DeniedByReason() (firewall, proxy, dns uint64, err error) {
+	proxy, dns = n.proxyDenied.Load(), n.dnsRefused.Load()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	c, err := n.conn()
 	if err != nil {
-		return 0, err
+		return 0, proxy, dns, err
 	}
 	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: tableName}
 	objs, err := c.GetObjects(t)
 	if err != nil {
-		return 0, err
+		return 0, proxy, dns, err
 	}
 	for _, o := range objs {
 		if co, ok := o.(*nftables.CounterObj); ok && co.Name == deniedName {
-			return co.Packets + n.proxyDenied.Load(), nil
+			return co.Packets, proxy, dns, nil
 		}
 	}
-	return n.proxyDenied.Load(), nil
+	return 0, proxy, dns, nil
 }
 
 // SetupHost prepares the host once per daemon start: IPv4 forwarding on,

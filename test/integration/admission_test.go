@@ -16,9 +16,15 @@ import (
 // are killed.
 func withDaemon(t *testing.T, flags []string, f func()) {
 	t.Helper()
+	withDaemonEnv(t, nil, flags, f)
+}
+
+// withDaemonEnv is withDaemon with env added to the daemon's environment.
+func withDaemonEnv(t *testing.T, env, flags []string, f func()) {
+	t.Helper()
 	dataDir := t.TempDir()
 	saved := d
-	nd, err := startDaemonWith(dataDir, freeAddr(), flags...)
+	nd, err := startDaemonEnv(filepath.Join(repoRoot, "bin", "cellfork"), dataDir, freeAddr(), env, flags...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -151,10 +151,16 @@ func startDaemonWith(dataDir, addr string, extra ...string) (*daemon, error) {
 // startDaemonBin starts the daemon binary bin (a build of cmd/cellfork)
 // with the test flags and extra.
 func startDaemonBin(bin, dataDir, addr string, extra ...string) (*daemon, error) {
+	return startDaemonEnv(bin, dataDir, addr, nil, extra...)
+}
+
+// startDaemonEnv is startDaemonBin with env added to the daemon's
+// environment.
+func startDaemonEnv(bin, dataDir, addr string, env []string, extra ...string) (*daemon, error) {
 	dm := &daemon{url: "http://" + addr, dataDir: dataDir, log: &bytes.Buffer{}, logMu: &sync.Mutex{}}
 	args := append([]string{"serve", "--addr", addr, "--data-dir", dataDir, "--template-dir", templateDir()}, testFlags...)
 	dm.cmd = exec.Command(bin, append(args, extra...)...)
-	dm.cmd.Env = append(os.Environ(), "CELLFORK_API_KEY="+apiKey)
+	dm.cmd.Env = append(append(os.Environ(), "CELLFORK_API_KEY="+apiKey), env...)
 	dm.cmd.Stdout = lockedBuffer{dm.logMu, dm.log}
 	dm.cmd.Stderr = dm.cmd.Stdout
 	if err := dm.cmd.Start(); err != nil {

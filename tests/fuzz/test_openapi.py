@@ -104,8 +104,13 @@ def _config() -> Config:
             },
             {
                 # Without E2b-Sandbox-Id the port header means nothing.
-                "include-operation-id": "health",
+                # GET /metrics takes the API key (control plane) or an
+                # access token (data plane): a wrong one of the two with
+                # the other right is still let in (test_auth.py checks
+                # each plane's refusals).
+                "include-operation-id": ["health", "metrics"],
                 "checks": {
+                    "ignored_auth": {"enabled": False},
                     "negative_data_rejection": {"enabled": False},
                     "not_a_server_error": {"expected-statuses": PROXY_OK},
                 },
@@ -113,8 +118,9 @@ def _config() -> Config:
             {
                 # DELETE /snapshots/{snapshotID} serves /snapshots/usage and
                 # /snapshots/tree too (a snapshot of that name, made by an
-                # older daemon), so Allow lists it.
-                "include-operation-id": ["getSnapshotUsage", "getSnapshotTree"],
+                # older daemon), so Allow lists it; the same for DELETE
+                # /sandboxes/{id} and /sandboxes/metrics.
+                "include-operation-id": ["getSnapshotUsage", "getSnapshotTree", "getSandboxesMetrics"],
                 "checks": {"allow_header_conformance": {"enabled": False}},
             },
             {
@@ -184,7 +190,8 @@ def _control(op) -> bool:
     return not any(tag in DATA_PLANE_TAGS for tag in _tags(op))
 
 
-control = _only(_control)
+# GET /metrics is both the daemon's (Prometheus) and, routed, envd's.
+control = _only(lambda op: _control(op) or _operation_id(op) == "metrics")
 control_live = _only(lambda op: _control(op) and "{id}" in op.path and _operation_id(op) != "killSandbox")
 # /health belongs to both planes; with E2b-Sandbox-Id it is the agent's.
 envd = _only(lambda op: _operation_id(op) == "health" or {"envd", "envd-rpc"} & set(_tags(op)))

@@ -62,6 +62,7 @@ func (i *Interpreter) handleExecute(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	req.EnvVars = agent.WithTraceEnv(r.Header, req.EnvVars)
 	c, err := i.resolve(req.ContextID, req.Language)
 	if err != nil {
 		i.writeError(w, err)

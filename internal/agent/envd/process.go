@@ -88,7 +88,7 @@ func (s *processService) prepare(h http.Header, req *process.StartRequest) (proc
 		return procSpec{}, invalidf("cwd '%s' does not exist or is not a directory", dir)
 	}
 	global := s.settings.Envs()
-	env, err := buildEnv(acc, global, cfg.GetEnvs())
+	env, err := buildEnv(acc, global, agent.WithTraceEnv(h, cfg.GetEnvs()))
 	if err != nil {
 		return procSpec{}, err
 	}

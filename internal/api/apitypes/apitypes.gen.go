@@ -296,6 +296,54 @@ type Health struct {
 // HealthStatus defines model for Health.Status.
 type HealthStatus string
 
+// Host A host's levels (`GET /host`).
+type Host struct {
+	Admission struct {
+		QueueCapacity int `json:"queueCapacity"`
+		Running       int `json:"running"`
+		Slots         int `json:"slots"`
+		Waiting       int `json:"waiting"`
+	} `json:"admission"`
+
+	// Allocated CPUs and memory given to running sandboxes.
+	Allocated struct {
+		Cpus        int   `json:"cpus"`
+		MemoryBytes int64 `json:"memoryBytes"`
+	} `json:"allocated"`
+	Capacity struct {
+		Cpus                 int   `json:"cpus"`
+		DiskBytes            int64 `json:"diskBytes"`
+		DiskFreeBytes        int64 `json:"diskFreeBytes"`
+		MemoryAvailableBytes int64 `json:"memoryAvailableBytes"`
+		MemoryBytes          int64 `json:"memoryBytes"`
+	} `json:"capacity"`
+	Pool struct {
+		// Ready Ready sandboxes by template.
+		Ready       map[string]int `json:"ready"`
+		ReadyTarget int            `json:"readyTarget"`
+		ShellTarget int            `json:"shellTarget"`
+		Shells      int            `json:"shells"`
+		StandbyMax  int            `json:"standbyMax"`
+
+		// Standbys Snapshots that keep a standby.
+		Standbys int `json:"standbys"`
+
+		// StandbysReady Of those, how many have it restored and frozen now.
+		StandbysReady int `json:"standbysReady"`
+	} `json:"pool"`
+
+	// Sandboxes Sandboxes by state (running, paused).
+	Sandboxes map[string]int `json:"sandboxes"`
+	Snapshots struct {
+		Bytes    int64 `json:"bytes"`
+		CapBytes int64 `json:"capBytes"`
+		Count    int   `json:"count"`
+	} `json:"snapshots"`
+
+	// Templates Sandboxes by template (a template's name, or `snapshot`) and state.
+	Templates map[string]map[string]int `json:"templates"`
+}
+
 // ListedSandbox E2B `ListedSandbox`.
 type ListedSandbox struct {
 	// ClientID Example: cellfork
@@ -316,10 +364,24 @@ type ListedSandbox struct {
 	// OpenFiles *cellfork extension.* Open files per process. Absent for sandboxes started by an older daemon.
 	OpenFiles *int `json:"openFiles,omitempty"`
 
+	// ParentSandboxID *cellfork extension.* For a fork child: the sandbox it was forked from. Absent otherwise.
+	//
+	// Example: i5q0w8r3m2a7k1x9c4b6
+	ParentSandboxID *string `json:"parentSandboxID,omitempty"`
+
 	// PidsMax *cellfork extension.* Processes per user inside the sandbox. Absent for sandboxes started by an older daemon.
-	PidsMax   *int      `json:"pidsMax,omitempty"`
-	SandboxID string    `json:"sandboxID"`
-	StartedAt time.Time `json:"startedAt"`
+	PidsMax   *int   `json:"pidsMax,omitempty"`
+	SandboxID string `json:"sandboxID"`
+
+	// SnapshotID *cellfork extension.* The snapshot the sandbox's state last
+	// came from (create from a snapshot, rollback) or was last
+	// saved to (its latest snapshot): the `parentID` of its next
+	// snapshot. Absent if none.
+	//
+	//
+	// Example: snapk3m9x2q7w1c5v8b4
+	SnapshotID *string   `json:"snapshotID,omitempty"`
+	StartedAt  time.Time `json:"startedAt"`
 
 	// State `paused` after a pause (or a timeout with `autoPause`) until connect or resume.
 	State      ListedSandboxState `json:"state"`
@@ -683,6 +745,12 @@ type SandboxMetric struct {
 	TimestampUnix int64     `json:"timestampUnix"`
 }
 
+// SandboxesWithMetrics E2B `SandboxesWithMetrics` (`GET /sandboxes/metrics`).
+type SandboxesWithMetrics struct {
+	// Sandboxes The latest sample of each sandbox, by sandbox id.
+	Sandboxes map[string]SandboxMetric `json:"sandboxes"`
+}
+
 // Snapshot E2B `SnapshotInfo` (`snapshotID`, `names`) plus cellfork's tree and size fields.
 type Snapshot struct {
 	// CreatedAt Example: 2026-01-01T00:05:00.123456789Z
@@ -906,6 +974,12 @@ type ListSandboxesParamsState string
 
 // ListSandboxesParamsOrder defines parameters for ListSandboxes.
 type ListSandboxesParamsOrder string
+
+// GetSandboxesMetricsParams defines parameters for GetSandboxesMetrics.
+type GetSandboxesMetricsParams struct {
+	// SandboxIds Comma-separated sandbox ids, at most 100.
+	SandboxIds []string `form:"sandbox_ids" json:"sandbox_ids"`
+}
 
 // GetSandboxMetricsParams defines parameters for GetSandboxMetrics.
 type GetSandboxMetricsParams struct {
