@@ -76,6 +76,7 @@ func serve(ctx context.Context, args []string) int {
 	fs.StringVar(&cfg.Cluster.URL, "cluster", os.Getenv("CELLFORK_CLUSTER"), "join the cluster whose PostgreSQL database this URL names (env CELLFORK_CLUSTER); without it the daemon is a single host")
 	fs.StringVar(&cfg.Cluster.Region, "region", envOr("CELLFORK_REGION", ""), "with --cluster: the region this host is in (its name in the cluster's region table)")
 	fs.StringVar(&cfg.Cluster.Advertise, "advertise", os.Getenv("CELLFORK_ADVERTISE"), "with --cluster: the host:port gateways reach this host at (default --addr)")
+	fs.StringVar(&cfg.UpstreamCA, "upstream-ca", os.Getenv("CELLFORK_UPSTREAM_CA"), "PEM file of root certificates the egress proxy trusts, besides the host's, when it connects to hosts with network rules (env CELLFORK_UPSTREAM_CA)")
 	verbose := fs.Bool("v", false, "log every request")
 	if err := fs.Parse(args); err != nil {
 		return 2
