@@ -8,9 +8,11 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -108,8 +110,13 @@ func serveWeb(t testing.TB, ns string) {
 		switch r.URL.Path {
 		case "/echo":
 			body, _ := io.ReadAll(r.Body)
-			e := Echo{Host: r.Host, Method: r.Method, URI: r.RequestURI, Headers: r.Header, Body: string(body),
+			e := Echo{Host: r.Host, Method: r.Method, URI: r.RequestURI, Headers: http.Header{}, Body: string(body),
 				At: c.LocalAddr().(*net.TCPAddr).IP.String()}
+			for k, vs := range r.Header {
+				for _, v := range vs {
+					e.Headers[k] = append(e.Headers[k], Digest(v))
+				}
+			}
 			if r.TLS != nil {
 				e.SNI = r.TLS.ServerName
 			}
@@ -146,15 +153,23 @@ func serveWeb(t testing.TB, ns string) {
 
 type connKey struct{}
 
-// Echo is what /echo answers: the request as the host saw it.
+// Echo is what /echo answers: the request as the host saw it. Header
+// values are Digests, so that a secret a test sends through the egress
+// proxy does not come back into the sandbox in the answer.
 type Echo struct {
 	Host    string      `json:"host"`
 	SNI     string      `json:"sni"`
 	Method  string      `json:"method"`
 	URI     string      `json:"uri"`
-	Headers http.Header `json:"headers"`
+	Headers http.Header `json:"headers"` // values: Digest(value)
 	Body    string      `json:"body"`
 	At      string      `json:"at"` // the address the client reached
+}
+
+// Digest stands for a header value in an Echo.
+func Digest(v string) string {
+	sum := sha256.Sum256([]byte(v))
+	return "sha256:" + hex.EncodeToString(sum[:12])
 }
 
 // testRoot is the fake internet's certificate authority, one per test
