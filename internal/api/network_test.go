@@ -113,6 +113,9 @@ func TestNetworkRulesAPI(t *testing.T) {
 		"bad header":         `{"rules":{"a.example":[{"transform":{"headers":{"Bad Name":"v"}}}]}}`,
 		"value not a string": `{"rules":{"a.example":[{"transform":{"headers":{"X":1}}}]}}`,
 		"httpsPorts":         `{"httpsPorts":[443]}`,
+		"null value":         `{"rules":{"a.example":[{"transform":{"headers":{"X":null}}}]}}`,
+		"null rule":          `{"rules":{"a.example":[null]}}`,
+		"null list":          `{"rules":{"a.example":null}}`,
 	} {
 		if code, out, raw := do("PUT", "/sandboxes/"+id+"/network", body); code != 400 || out["message"] == "" {
 			t.Errorf("%s: %d %s", what, code, raw)
