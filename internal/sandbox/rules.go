@@ -3,6 +3,7 @@ package sandbox
 import (
 	"maps"
 	"net"
+	"net/netip"
 	"net/textproto"
 	"slices"
 	"strconv"
@@ -60,6 +61,9 @@ func parseTransforms(rules map[string]Transform) (map[string]map[string]string, 
 	seen := map[string]string{}
 	for _, key := range keys {
 		d, ok := domainRule(strings.TrimSpace(key))
+		if _, err := netip.ParseAddr(d); err == nil {
+			ok = false // rules match TLS server names, never addresses (as E2B)
+		}
 		if !ok || len(key) > maxRuleDomainLen {
 			return nil, errdefs.New(errdefs.ErrInvalidArgument,
 				"rules: %q is not a domain name (\"api.example.com\", or \"*.example.com\" for its subdomains; at most %d characters)", key, maxRuleDomainLen)

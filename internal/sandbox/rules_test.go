@@ -72,6 +72,7 @@ func TestParseRules(t *testing.T) {
 		"not a domain":     {"not a domain": {}},
 		"bare wildcard":    {"*": {}},
 		"an address":       {"1.2.3.4:80": {}},
+		"an IP":            {"1.2.3.4": {}},
 		"same domain":      {"a.example": {}, "A.example.": {}},
 		"too many headers": {"a.example": {Headers: many(21, func(i int) (string, string) { return "X-H" + strings.Repeat("x", i), "v" })}},
 		"bad header name":  {"a.example": {Headers: map[string]string{"X Bad": "v"}}},
