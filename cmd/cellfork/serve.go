@@ -78,6 +78,7 @@ func serve(ctx context.Context, args []string) int {
 	fs.StringVar(&cfg.Cluster.Advertise, "advertise", os.Getenv("CELLFORK_ADVERTISE"), "with --cluster: the host:port gateways reach this host at (default --addr)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", os.Getenv("CELLFORK_METRICS_ADDR"), "also serve GET /metrics without a key on this address, e.g. 10.0.0.5:9464 (default: only on --addr, behind the API key; env CELLFORK_METRICS_ADDR)")
 	fs.BoolVar(&cfg.Tracing, "tracing", os.Getenv("CELLFORK_TRACING") == "1", "export OpenTelemetry traces over OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_* honoured; also on with OTEL_TRACES_EXPORTER=otlp; env CELLFORK_TRACING=1)")
+	fs.StringVar(&cfg.UpstreamCA, "upstream-ca", os.Getenv("CELLFORK_UPSTREAM_CA"), "PEM file of root certificates the egress proxy trusts, besides the host's, when it connects to hosts with network rules (env CELLFORK_UPSTREAM_CA)")
 	verbose := fs.Bool("v", false, "log every request")
 	if err := fs.Parse(args); err != nil {
 		return 2

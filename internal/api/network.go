@@ -22,19 +22,53 @@ func networkPolicy(b *apitypes.NetworkConfig, allowInternet *bool) (sandbox.Netw
 	switch {
 	case b.EgressProxy != nil:
 		return n, errdefs.New(errdefs.ErrInvalidArgument, "network.egressProxy is not supported")
-	case b.MaskRequestHost != nil || len(b.HTTPSPorts) > 0 || len(b.Rules) > 0:
-		return n, errdefs.New(errdefs.ErrInvalidArgument, "network.maskRequestHost, httpsPorts and rules are not supported")
+	case len(b.HTTPSPorts) > 0:
+		return n, errdefs.New(errdefs.ErrInvalidArgument, "network.httpsPorts is not supported")
 	}
 	if b.AllowPublicTraffic != nil {
 		n.AllowPublicTraffic = *b.AllowPublicTraffic
 	}
+	if b.MaskRequestHost != nil {
+		n.MaskRequestHost = *b.MaskRequestHost
+	}
 	n.AllowOut, n.DenyOut, n.DNSServers = b.AllowOut, b.DenyOut, b.DNSServers
+	if b.Rules != nil {
+		n.Rules = make(map[string]sandbox.Transform, len(b.Rules))
+		for domain, rules := range b.Rules {
+			if len(rules) > 1 {
+				return n, errdefs.New(errdefs.ErrInvalidArgument, "network.rules: %q: at most 1 rule per domain, as in E2B", domain)
+			}
+			var t sandbox.Transform
+			if len(rules) == 1 && rules[0].Transform != nil {
+				t.Headers = rules[0].Transform.Headers
+			}
+			n.Rules[domain] = t
+		}
+	}
 	return n, nil
 }
 
 // networkJSON is the policy as reported (E2B's `network` in SandboxDetail).
+// Rules are reported with their domains and header names; every value is
+// sandbox.RedactedValue (they are secrets, the daemon's alone).
 func networkJSON(n sandbox.Network) apitypes.NetworkOut {
 	out := apitypes.NetworkOut{AllowPublicTraffic: n.AllowPublicTraffic, AllowOut: n.AllowOut, DenyOut: n.DenyOut, DNSServers: n.DNSServers}
+	if n.MaskRequestHost != "" {
+		out.MaskRequestHost = &n.MaskRequestHost
+	}
+	if len(n.Rules) > 0 {
+		out.Rules = make(map[string][]apitypes.NetworkRule, len(n.Rules))
+		for d, t := range n.Rules {
+			out.Rules[d] = []apitypes.NetworkRule{}
+			if len(t.Headers) > 0 {
+				h := make(map[string]string, len(t.Headers))
+				for name := range t.Headers {
+					h[name] = sandbox.RedactedValue
+				}
+				out.Rules[d] = []apitypes.NetworkRule{{Transform: &apitypes.NetworkTransform{Headers: h}}}
+			}
+		}
+	}
 	if out.AllowOut == nil {
 		out.AllowOut = []string{}
 	}
@@ -45,8 +79,9 @@ func networkJSON(n sandbox.Network) apitypes.NetworkOut {
 }
 
 // updateNetwork is E2B's PUT /sandboxes/{id}/network: the body replaces the
-// policy (omitted fields mean cleared; internet access defaults to on).
-// Ingress (allowPublicTraffic) is set at create and kept. The body is
+// policy, rules included (omitted fields mean cleared; internet access
+// defaults to on). Ingress (allowPublicTraffic, maskRequestHost) is set at
+// create and kept. The body is
 // required: a request that lost it must not open the sandbox's egress.
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	var b apitypes.NetworkConfig
@@ -60,7 +95,15 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	b.AllowPublicTraffic = &cur.Policy.AllowPublicTraffic
+	// Ingress is set at create and kept, as in E2B (whose update has no
+	// field for it); a malformed one is still refused.
+	if b.MaskRequestHost != nil {
+		if _, err := sandbox.ParsePolicy(sandbox.Network{MaskRequestHost: *b.MaskRequestHost}); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	b.AllowPublicTraffic, b.MaskRequestHost = &cur.Policy.AllowPublicTraffic, &cur.Policy.MaskRequestHost
 	n, err := networkPolicy(&b, b.AllowInternetAccess)
 	if err == nil {
 		err = s.m.UpdateNetwork(r.Context(), id, n)

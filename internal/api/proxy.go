@@ -145,6 +145,12 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = "sandbox:" + strconv.Itoa(t.port)
 			pr.Out.Host = pr.In.Host
+			// E2B's maskRequestHost, for user ports: the server inside sees
+			// the mask, and the caller's host in X-Forwarded-Host.
+			if sb.Network.MaskRequestHost != "" && t.port != envd.Port {
+				pr.Out.Header.Set("X-Forwarded-Host", pr.In.Host)
+				pr.Out.Host = sb.Network.MaskedHost(t.port)
+			}
 			for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token", "X-Api-Key"} {
 				pr.Out.Header.Del(h)
 			}

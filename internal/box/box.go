@@ -48,6 +48,9 @@ type Box struct {
 	// agent has applied (zero: none yet, the image's own).
 	policy  *sandbox.Network
 	rlimits sandbox.Limits
+	// trusts: the agent was given the egress CA (it stays in the box's
+	// files, so a checkpoint of the box keeps it too).
+	trusts bool
 }
 
 // Limits returns the limits the box runs with.
@@ -97,6 +100,10 @@ type Config struct {
 	InitRlimits sandbox.Limits
 	// MaxUploadBytes is told to every agent at hand-off.
 	MaxUploadBytes int64
+	// EgressCA is the certificate (PEM) of the CA the network presents
+	// for hosts with network rules; boxes whose policy has rules are told
+	// to trust it at hand-off (empty: none).
+	EgressCA []byte
 }
 
 // Factory makes and destroys boxes. Safe for concurrent use.

@@ -41,6 +41,10 @@ func (f *Factory) HandOff(ctx context.Context, b *Box, h HandOff) error {
 		return err
 	}
 	init := envd.InitRequest{EnvVars: h.Envs, DefaultUser: "user", MaxUploadBytes: f.cfg.MaxUploadBytes}
+	trust := f.needsTrust(b, h.Policy)
+	if trust {
+		init.CACert = string(f.cfg.EgressCA)
+	}
 	want := sandbox.Limits{PidsMax: h.Limits.PidsMax, OpenFiles: h.Limits.OpenFiles}
 	if b.rlimits != want {
 		init.PidsMax, init.OpenFiles = int64(want.PidsMax), int64(want.OpenFiles)
@@ -52,7 +56,40 @@ func (f *Factory) HandOff(ctx context.Context, b *Box, h HandOff) error {
 		return err
 	}
 	b.rlimits = want
+	if trust {
+		b.trusts = true
+	}
 	return nil
+}
+
+// Trust makes b's agent trust the daemon's egress CA if the policy n has
+// network rules and it does not yet (HandOff does the same): for a policy
+// given to a running box. Its processes started before keep their
+// environment, but the system bundle they read changes.
+func (f *Factory) Trust(ctx context.Context, b *Box, n sandbox.Network) error {
+	if !f.needsTrust(b, n) {
+		return nil
+	}
+	if err := f.agent.Init(ctx, b, envd.InitRequest{CACert: string(f.cfg.EgressCA)}); err != nil {
+		return err
+	}
+	b.trusts = true
+	return nil
+}
+
+// needsTrust says whether b's agent must be told to trust the egress CA
+// for n: the daemon terminates TLS only for hosts with rules that set
+// headers, so only sandboxes with such rules trust the CA.
+func (f *Factory) needsTrust(b *Box, n sandbox.Network) bool {
+	if b.trusts || len(f.cfg.EgressCA) == 0 {
+		return false
+	}
+	for _, t := range n.Rules {
+		if len(t.Headers) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // Ready does to a box waiting in the pool what its hand-off would

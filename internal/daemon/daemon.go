@@ -6,6 +6,7 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -58,6 +59,9 @@ type Config struct {
 	// tracing (OTEL_* variables configure it).
 	MetricsAddr string
 	Tracing     bool
+	// UpstreamCA is a PEM file of root certificates the egress proxy
+	// trusts, besides the host's, for hosts with network rules ("": none).
+	UpstreamCA string
 }
 
 // Validate rejects configurations that cannot work.
@@ -180,9 +184,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	if err := netns.SetupHost(hostNets); err != nil {
 		return err
 	}
+	// The CA of network rules' TLS, the daemon's for good (sandboxes and
+	// snapshots trust it).
+	ca, err := netns.LoadCA(filepath.Join(cfg.DataDir, "egress-ca.pem"))
+	if err != nil {
+		return err
+	}
+	cfg.EgressCA = ca.CertPEM()
+	roots, err := upstreamRoots(cfg.UpstreamCA)
+	if err != nil {
+		return err
+	}
 	deps := manager.Deps{
 		Runtime: rt, Store: st, Templates: tpl, Log: log, Agent: box.HTTPAgent{},
-		Networks: netns.NewHost(netns.Config{HostBlocked: hostNets, DNS: cfg.DNS}),
+		Networks: netns.NewHost(netns.Config{HostBlocked: hostNets, DNS: cfg.DNS, CA: ca, UpstreamRoots: roots}),
 	}
 	apiCfg := api.Config{APIKeys: cfg.APIKeys, Domain: cfg.Domain, MaxUploadBytes: cfg.MaxUploadBytes}
 	var member *clusterhost.Member
@@ -238,6 +253,26 @@ func (h hostView) Usage() (int, int64, int) {
 func (h hostView) PoolStats() sandbox.PoolStats { return h.m.PoolStats() }
 
 func (h hostView) Drop(ctx context.Context, id, why string) { h.m.Drop(ctx, id, why) }
+
+// upstreamRoots returns the host's roots plus those in the PEM file (nil
+// for the host's alone).
+func upstreamRoots(file string) (*x509.CertPool, error) {
+	if file == "" {
+		return nil, nil
+	}
+	pemData, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("--upstream-ca: %w", err)
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pemData) {
+		return nil, fmt.Errorf("--upstream-ca %s: no PEM certificate in it", file)
+	}
+	return pool, nil
+}
 
 func serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger, out io.Writer) error {
 	ln, err := net.Listen("tcp", addr)

@@ -21,4 +21,10 @@ type InitRequest struct {
 	MaxUploadBytes int64 `json:"maxUploadBytes"`
 	PidsMax        int64 `json:"pidsMax,omitempty"`
 	OpenFiles      int64 `json:"openFiles,omitempty"`
+	// CACert (ours) is the daemon's egress CA certificate, PEM, sent when
+	// the sandbox's policy has network rules: the agent adds it to the
+	// system's trusted certificates, once, and points the processes it
+	// starts at them ("": leave the trust as it is). Never a key, never a
+	// rule's header value.
+	CACert string `json:"caCert,omitempty"`
 }

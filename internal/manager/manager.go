@@ -64,6 +64,9 @@ type Config struct {
 	// SpillAfter is how long a paused sandbox stays frozen in memory before
 	// its state is written to disk and its memory freed.
 	SpillAfter time.Duration
+	// EgressCA is the certificate (PEM) of the CA the sandboxes' networks
+	// present for hosts with network rules (empty: none).
+	EgressCA []byte
 }
 
 // Templates gives the built-in templates' root filesystems and warm-image
@@ -121,7 +124,7 @@ func New(cfg Config, d Deps) *Manager {
 	boxes := box.NewFactory(box.Config{
 		DataDir: cfg.DataDir, NetPrefix: "cf" + hex.EncodeToString(sum[:3]) + "-", AgentPath: cfg.AgentPath,
 		InitRlimits:    sandbox.Limits{PidsMax: cfg.MaxLimits.PidsMax, OpenFiles: cfg.MaxLimits.OpenFiles},
-		MaxUploadBytes: cfg.MaxUploadBytes,
+		MaxUploadBytes: cfg.MaxUploadBytes, EgressCA: cfg.EgressCA,
 	}, d.Runtime, d.Networks, d.Agent, d.Log)
 	p := pool.New(boxes, pool.Config{
 		Ready: cfg.PoolReady, Shells: cfg.PoolShells, Standbys: cfg.StandbySnapshots,

@@ -32,6 +32,13 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n sandbox.Networ
 		return err
 	}
 	defer l.op.Unlock()
+	if l.phase == running {
+		// Before the network terminates TLS with the CA (a frozen box is
+		// told when it resumes, one on disk at its hand-off).
+		if err := m.boxes.Trust(ctx, l.box, n); err != nil {
+			return err
+		}
+	}
 	if l.box != nil {
 		if err := m.boxes.SetPolicy(l.box, n); err != nil {
 			return err

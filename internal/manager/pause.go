@@ -220,6 +220,10 @@ func (m *Manager) resume(ctx context.Context, l *Live, timeout time.Duration) er
 			return err
 		}
 		cu.Add(func() { _ = m.boxes.Pause(context.WithoutCancel(ctx), l.box) })
+		// Network rules given while it was frozen.
+		if err := m.boxes.Trust(ctx, l.box, l.rec.Network); err != nil {
+			return err
+		}
 	} else {
 		release, err := m.adm.Acquire(ctx)
 		if err != nil {

@@ -16,6 +16,7 @@ package netns
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -59,6 +60,12 @@ type Config struct {
 	// DNS are the upstream resolvers (host:port) the networks' resolvers
 	// and proxies ask, from the daemon's own namespace.
 	DNS []string
+	// CA signs the certificates the egress proxy presents for hosts with
+	// network rules (nil: policies with rules are refused).
+	CA *CA
+	// UpstreamRoots verify the hosts the proxy connects to for network
+	// rules (nil: the host's roots).
+	UpstreamRoots *x509.CertPool
 }
 
 // Network is one sandbox's pair of namespaces, with the resolver and the

@@ -2,6 +2,7 @@ package netns
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -196,8 +197,12 @@ func (n *Network) routerTable(hostBlocked []netip.Prefix) error {
 // SetPolicy replaces the network's egress policy, atomically. The
 // always-refused destinations stay refused whatever it says. With domain
 // rules, HTTP and TLS to destinations no address rule allows go through the
-// network's proxy, which decides by Host and SNI.
+// network's proxy, which decides by Host and SNI; with network rules, so
+// does TLS to port 443 (the proxy applies the rules).
 func (n *Network) SetPolicy(p Policy) error {
+	if len(p.Transforms) > 0 && n.cfg.CA == nil {
+		return errors.New("network rules need the daemon's egress CA (netns.Config.CA)")
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	c, err := n.conn()
@@ -220,12 +225,20 @@ func (n *Network) SetPolicy(p Policy) error {
 
 	proxy := &nftables.Chain{Name: "proxy", Table: t}
 	c.FlushChain(proxy)
+	redir := func(from, to uint16) {
+		rule(c, t, proxy, iif("cf0"), ipv4(), l4(unix.IPPROTO_TCP), dport(from), redirect(to))
+	}
+	if len(p.Transforms) > 0 {
+		// Network rules are by server name, whatever the address.
+		redir(443, tlsProxyPort)
+	}
 	if len(p.Domains) > 0 {
 		for _, pr := range p.AllowOut {
 			rule(c, t, proxy, daddrIn(pr), one(verdict(expr.VerdictReturn)))
 		}
-		for _, r := range [][2]uint16{{80, httpProxyPort}, {443, tlsProxyPort}} {
-			rule(c, t, proxy, iif("cf0"), ipv4(), l4(unix.IPPROTO_TCP), dport(r[0]), redirect(r[1]))
+		redir(80, httpProxyPort)
+		if len(p.Transforms) == 0 {
+			redir(443, tlsProxyPort)
 		}
 	}
 	if err := c.Flush(); err != nil {

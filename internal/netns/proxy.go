@@ -29,6 +29,9 @@ import (
 //     destination.
 // The proxy dials from the router namespace, so its connections leave
 // through the uplink like the sandbox's own and pass the host's filter.
+// When the policy has network rules, every TLS connection to port 443
+// comes here too, and those for a name with a rule are served by intercept
+// (mitm.go).
 
 const (
 	httpProxyPort = 15080
@@ -78,6 +81,12 @@ func (n *Network) proxy(ctx context.Context, c *net.TCPConn, isTLS bool) {
 	defer up.Close()
 	stopUp := context.AfterFunc(ctx, func() { up.Close() })
 	defer stopUp()
+	if isTLS && name != "" && n.cfg.CA != nil {
+		if p := n.currentPolicy(); p.TransformFor(name) != nil {
+			n.intercept(ctx, c, seen.Bytes(), name, up, netip.AddrPortFrom(orig.Addr(), port))
+			return
+		}
+	}
 	if _, err := up.Write(seen.Bytes()); err != nil {
 		return
 	}

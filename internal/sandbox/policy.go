@@ -20,10 +20,15 @@ type Policy struct {
 	// by the network's proxy, which connects to what the name resolves to,
 	// never to the address the sandbox asked for.
 	Domains []string
+	// Transforms are the headers to set on HTTPS requests, by domain rule
+	// (as Domains; header names canonical): the proxy terminates TLS for
+	// the server names they match (TransformFor) and sets them on every
+	// request. They grant no access.
+	Transforms map[string]map[string]string
 }
 
-// ParsePolicy validates a network policy and translates it for the
-// network. Denying 0.0.0.0/0 is turning the internet off (E2B's
+// ParsePolicy validates a network policy (its ingress part too) and
+// translates it for the network. Denying 0.0.0.0/0 is turning the internet off (E2B's
 // ALL_TRAFFIC); allow rules win over deny rules.
 func ParsePolicy(n Network) (Policy, error) {
 	allow, domains, err := parseRules("allowOut", n.AllowOut)
@@ -50,7 +55,14 @@ func ParsePolicy(n Network) (Policy, error) {
 			allow = append(allow, netip.PrefixFrom(a, 32))
 		}
 	}
-	p := Policy{AllowInternet: n.AllowInternet, AllowOut: allow, Domains: domains}
+	transforms, err := parseTransforms(n.Rules)
+	if err != nil {
+		return Policy{}, err
+	}
+	if err := checkMask(n.MaskRequestHost); err != nil {
+		return Policy{}, err
+	}
+	p := Policy{AllowInternet: n.AllowInternet, AllowOut: allow, Domains: domains, Transforms: transforms}
 	for _, d := range deny {
 		if d.Bits() == 0 {
 			p.AllowInternet = false
@@ -115,5 +127,6 @@ func domainRule(s string) (string, bool) {
 // Clone copies a policy's slices.
 func (n Network) Clone() Network {
 	n.AllowOut, n.DenyOut, n.DNSServers = slices.Clone(n.AllowOut), slices.Clone(n.DenyOut), slices.Clone(n.DNSServers)
+	n.Rules = cloneRules(n.Rules)
 	return n
 }

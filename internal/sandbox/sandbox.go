@@ -78,6 +78,16 @@ type Network struct {
 	DenyOut            []string // IPv4 addresses and CIDRs denied
 	DNSServers         []string // with domain rules: IPv4 addresses also allowed, as E2B does for resolvers
 	AllowPublicTraffic bool     // user ports reachable without the traffic token
+	// Rules (E2B's network.rules) set headers on the sandbox's HTTPS
+	// requests to matching hosts, by domain ("api.example.com", or
+	// "*.example.com" for its subdomains): the daemon's proxy terminates
+	// TLS for those names and adds them, so a secret in a header never
+	// enters the sandbox. They grant no access: the rules above decide.
+	Rules map[string]Transform
+	// MaskRequestHost (E2B's; ingress, set at create) is the Host header
+	// data-plane requests to user ports carry into the sandbox, with
+	// "${PORT}" replaced by the port ("": the caller's own).
+	MaskRequestHost string
 }
 
 // DefaultNetwork is E2B's default: internet on, ports public.

@@ -50,6 +50,13 @@ type networkRecord struct {
 	DenyOut            []string `json:"DenyOut"`
 	DNSServers         []string `json:"DNSServers"`
 	AllowPublicTraffic bool     `json:"AllowPublicTraffic"`
+	// Since network rules; absent in records of earlier releases.
+	Rules           map[string]transformRecord `json:"Rules,omitempty"`
+	MaskRequestHost string                     `json:"MaskRequestHost,omitempty"`
+}
+
+type transformRecord struct {
+	Headers map[string]string `json:"Headers,omitempty"`
 }
 
 type snapshotRecord struct {
@@ -81,12 +88,27 @@ func checkVersion(what string, v int) error {
 }
 
 func netRecord(n sandbox.Network) networkRecord {
-	return networkRecord{n.AllowInternet, n.AllowOut, n.DenyOut, n.DNSServers, n.AllowPublicTraffic}
+	r := networkRecord{AllowInternet: n.AllowInternet, AllowOut: n.AllowOut, DenyOut: n.DenyOut, DNSServers: n.DNSServers,
+		AllowPublicTraffic: n.AllowPublicTraffic, MaskRequestHost: n.MaskRequestHost}
+	if n.Rules != nil {
+		r.Rules = make(map[string]transformRecord, len(n.Rules))
+		for d, t := range n.Rules {
+			r.Rules[d] = transformRecord{Headers: t.Headers}
+		}
+	}
+	return r
 }
 
 func (r networkRecord) domain() sandbox.Network {
-	return sandbox.Network{AllowInternet: r.AllowInternet, AllowOut: r.AllowOut, DenyOut: r.DenyOut,
-		DNSServers: r.DNSServers, AllowPublicTraffic: r.AllowPublicTraffic}
+	n := sandbox.Network{AllowInternet: r.AllowInternet, AllowOut: r.AllowOut, DenyOut: r.DenyOut,
+		DNSServers: r.DNSServers, AllowPublicTraffic: r.AllowPublicTraffic, MaskRequestHost: r.MaskRequestHost}
+	if r.Rules != nil {
+		n.Rules = make(map[string]sandbox.Transform, len(r.Rules))
+		for d, t := range r.Rules {
+			n.Rules[d] = sandbox.Transform{Headers: t.Headers}
+		}
+	}
+	return n
 }
 
 func sandboxToRecord(s *sandbox.Sandbox) *sandboxRecord {

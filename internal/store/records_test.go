@@ -75,3 +75,45 @@ func TestRecordsOfEarlierReleasesRead(t *testing.T) {
 		t.Errorf("a version 99 record: %v", err)
 	}
 }
+
+// Network rules and the request host mask round-trip; records without
+// them stay as earlier releases wrote them; the database is the daemon's
+// alone (it holds the rules' header values).
+func TestNetworkRulesRecords(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.db")
+	st, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	n := sandbox.Network{AllowInternet: true, AllowPublicTraffic: true, MaskRequestHost: "${PORT}-app.example.com",
+		Rules: map[string]sandbox.Transform{"api.example.com": {Headers: map[string]string{"Authorization": "Bearer x"}}, "*.example.org": {}}}
+	sb := &sandbox.Sandbox{ID: "rules", State: sandbox.StateRunning, Network: n}
+	sn := &sandbox.Snapshot{ID: "rulesnap", Network: n}
+	if err := st.Put(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutSnapshot(ctx, sn); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.Get(ctx, "rules"); err != nil || !reflect.DeepEqual(got.Network, n) {
+		t.Errorf("sandbox network read back as %+v, %v", got.Network, err)
+	}
+	if got, err := st.GetSnapshot(ctx, "rulesnap"); err != nil || !reflect.DeepEqual(got.Network, n) {
+		t.Errorf("snapshot network read back as %+v, %v", got.Network, err)
+	}
+	if err := st.Put(ctx, &sandbox.Sandbox{ID: "plain", Network: sandbox.DefaultNetwork}); err != nil {
+		t.Fatal(err)
+	}
+	var doc string
+	_ = st.db.QueryRow(`SELECT doc FROM sandboxes WHERE id = 'plain'`).Scan(&doc)
+	if strings.Contains(doc, "Rules") || strings.Contains(doc, "MaskRequestHost") {
+		t.Errorf("a record without rules has their keys: %s", doc)
+	}
+	for _, f := range []string{path, path + "-wal"} {
+		if fi, err := os.Stat(f); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, %v (want mode 0600)", f, fi.Mode(), err)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
@@ -45,6 +46,19 @@ func Open(path string) (*Store, error) {
 	if _, err := db.Exec(schema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("creating schema: %w", err)
+	}
+	// Records hold access tokens and network rules' header values
+	// (secrets): the daemon's alone. SQLite gives new WAL and shared-memory
+	// files the database's mode; those of an older daemon are changed too.
+	if err := os.Chmod(path, 0o600); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("opening store: %w", err)
+	}
+	for _, f := range []string{path + "-wal", path + "-shm"} {
+		if err := os.Chmod(f, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
+			db.Close()
+			return nil, fmt.Errorf("opening store: %w", err)
+		}
 	}
 	return &Store{db: db}, nil
 }

@@ -71,6 +71,14 @@ func TestMain(m *testing.M) {
 	defer stopDNS()
 	testFlags = append(testFlags, "--dns", dnsAddr)
 	dataDir, _ := os.MkdirTemp("", "cellfork-itest-")
+	// The egress proxy verifies hosts with network rules; the fake
+	// internet's certificate is signed by the test root.
+	rootFile := filepath.Join(dataDir, "..", filepath.Base(dataDir)+"-upstream-ca.pem")
+	if err := os.WriteFile(rootFile, netnstest.RootPEM(), 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	testFlags = append(testFlags, "--upstream-ca", rootFile)
 	d, err = startDaemon(dataDir, freeAddr())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -107,6 +115,7 @@ func TestMain(m *testing.M) {
 	for unix.Unmount(filepath.Join(dataDir, "runsc", "null-netns"), unix.MNT_DETACH) == nil {
 	}
 	os.RemoveAll(dataDir)
+	os.Remove(rootFile)
 	os.Exit(code)
 }
 

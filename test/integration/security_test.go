@@ -54,7 +54,12 @@ Boundaries: each sandbox is a gVisor sandbox (user-space kernel, systrap)
 with its own network namespace pair; its only ways out are the daemon's
 proxy (inbound) and, outbound, a per-sandbox nftables policy plus the
 resolver and domain-rule proxy the daemon runs in the sandbox's router
-namespace (they apply the same policy). The daemon
+namespace (they apply the same policy). The proxy also applies network
+rules: for a ruled host it terminates TLS with a certificate of the
+daemon's CA (which only sandboxes with rules trust; its key never leaves
+the data directory), verifies the real host by name and adds the rule's
+headers, whose values stay in the daemon (never in the sandbox, its
+logs or the API's answers). The daemon
 authenticates the control plane with API keys and the data plane with a
 per-sandbox access token. Known limits are listed at the end.
 
@@ -88,6 +93,12 @@ const knownLimits = `
   as in E2B; other ports, and QUIC (UDP), follow the address rules only.
   The proxy connects to what an allowed name resolves to, but that server
   may serve other names too (domain fronting on a shared CDN).
+- Network rules keep a header's value out of the sandbox, not out of the
+  ruled host's answers: a host that echoes request headers back (an echo
+  service, an error page quoting them) hands the value to the sandbox.
+  Code in a sandbox with a rule can use the secret against the ruled host
+  (that is the point) without reading it. HTTP/3 (QUIC, UDP) to a ruled
+  host is not transformed; it follows the address rules.
 `
 
 // writeSecurityReport writes the report if CELLFORK_SECURITY_REPORT names

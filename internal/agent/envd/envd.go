@@ -127,6 +127,25 @@ func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) bool 
 			return false
 		}
 	}
+	if req.CACert != "" {
+		env, err := agent.TrustCA([]byte(req.CACert), trustPaths.bundle, trustPaths.caFile)
+		if err != nil {
+			writeError(w, "init", invalidf("%v", err))
+			return false
+		}
+		// The caller's own variables (now or from an earlier /init) win.
+		set := s.Envs()
+		if req.EnvVars == nil {
+			req.EnvVars = map[string]string{}
+		}
+		for k, v := range env {
+			if _, ok := set[k]; !ok {
+				if _, ok := req.EnvVars[k]; !ok {
+					req.EnvVars[k] = v
+				}
+			}
+		}
+	}
 	s.Init(req.DefaultUser, req.DefaultWorkdir, req.EnvVars)
 	writeIdentity(identityDir, req.EnvVars)
 	if req.MaxUploadBytes > 0 {
@@ -135,6 +154,9 @@ func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) bool 
 	w.WriteHeader(http.StatusNoContent)
 	return true
 }
+
+// trustPaths are where /init's caCert goes (tests change them).
+var trustPaths = struct{ bundle, caFile string }{agent.SystemBundle, agent.EgressCAFile}
 
 // identityDir is where E2B's sandboxes keep their identity variables as
 // dot files, for shells that did not get them (a terminal, a cron job).

@@ -412,8 +412,11 @@ type MergeRequest struct {
 // rules. The sandbox's resolver (its gateway) answers every name when
 // the internet is on, else only allowed names. `dnsServers`: IPv4
 // addresses allowed in full when `allowOut` has a domain.
-// `egressProxy`, `maskRequestHost`, `httpsPorts` and `rules` are
-// refused with `400` (not silently ignored).
+// `rules` set headers on the sandbox's HTTPS requests to matching
+// hosts (the daemon terminates TLS for them with its own CA, which
+// the sandbox trusts; the values never enter the sandbox).
+// `egressProxy` and `httpsPorts` are refused with `400` (not silently
+// ignored).
 type NetworkConfig struct {
 	// AllowOut Example: ["203.0.113.10","10.0.0.0/8","api.example.com","*.pypi.org"]
 	AllowOut []string `json:"allowOut,omitempty"`
@@ -436,19 +439,56 @@ type NetworkConfig struct {
 	// HTTPSPorts E2B's; not supported (`400` unless empty, null or absent).
 	HTTPSPorts []int `json:"httpsPorts,omitempty"`
 
-	// MaskRequestHost E2B's; not supported (`400` unless null or absent).
+	// MaskRequestHost Ingress (create only; an update keeps it): the `Host` header
+	// data-plane requests to the sandbox's user ports (not envd's
+	// 49983) carry inside, `${PORT}` replaced by the port; the
+	// caller's host goes in `X-Forwarded-Host`. A host or host:port
+	// in ASCII.
+	//
+	//
+	// Example: ${PORT}-app.example.com
 	MaskRequestHost *string `json:"maskRequestHost,omitempty"`
 
-	// Rules E2B's; not supported (`400` unless empty, null or absent).
-	Rules map[string]interface{} `json:"rules,omitempty"`
+	// Rules E2B's network rules: by domain (`api.example.com`, or
+	// `*.example.com` for its subdomains; the exact name wins over
+	// the longest wildcard), at most one rule whose
+	// `transform.headers` are set on every HTTPS request (port 443)
+	// of the sandbox to a matching host, replacing headers of the
+	// same names. They grant no access (`allowOut` and the rest
+	// decide). The daemon terminates TLS for those hosts with a
+	// certificate its CA signs (the sandbox trusts the CA; HTTP/1.1
+	// only), verifies the host's own certificate, and never lets the
+	// values into the sandbox, its logs or the API's answers. At most
+	// 10 domains and 20 headers each; names are HTTP tokens of up to
+	// 64 characters (not `Host`, `Content-Length`,
+	// `Transfer-Encoding`, `Connection` and the like), values up to
+	// 2048 characters. E2B's `${e2b.secrets...}` and
+	// `${e2b.identity...}` placeholders are `400`: cellfork has no
+	// secret store; put the value itself.
+	//
+	//
+	// Example: {"api.openai.com":[{"transform":{"headers":{"Authorization":"Bearer sk-..."}}}]}
+	Rules NetworkRules `json:"rules,omitempty"`
 }
 
-// NetworkOut A sandbox's network policy as reported.
+// NetworkOut A sandbox's network policy as reported. Rules are reported by
+// domain with their header names; every value is `[redacted]` (a
+// value equal to it is refused, so a policy read back and sent again
+// cannot overwrite the secrets with the marker).
 type NetworkOut struct {
 	AllowOut           []string `json:"allowOut"`
 	AllowPublicTraffic bool     `json:"allowPublicTraffic"`
 	DenyOut            []string `json:"denyOut"`
 	DNSServers         []string `json:"dnsServers,omitempty"`
+	MaskRequestHost    *string  `json:"maskRequestHost,omitempty"`
+
+	// Rules Example: {"api.openai.com":[{"transform":{"headers":{"Authorization":"[redacted]"}}}]}
+	Rules map[string][]NetworkRule `json:"rules,omitempty"`
+}
+
+// NetworkRule E2B's SandboxNetworkRule.
+type NetworkRule struct {
+	Transform *NetworkTransform `json:"transform,omitempty"`
 }
 
 // NetworkStatus *cellfork extension.* The policy and how many connection attempts it refused.
@@ -458,8 +498,16 @@ type NetworkStatus struct {
 	// DeniedConnections Connection attempts refused (packets of new connections the router refused, retries included, and connections the domain-rule proxy turned away).
 	DeniedConnections int `json:"deniedConnections"`
 
-	// Network A sandbox's network policy as reported.
+	// Network A sandbox's network policy as reported. Rules are reported by
+	// domain with their header names; every value is `[redacted]` (a
+	// value equal to it is refused, so a policy read back and sent again
+	// cannot overwrite the secrets with the marker).
 	Network NetworkOut `json:"network"`
+}
+
+// NetworkTransform E2B's SandboxNetworkTransform.
+type NetworkTransform struct {
+	Headers map[string]string `json:"headers,omitempty"`
 }
 
 // NewSandbox E2B `NewSandboxV2` plus cellfork's resource extensions. Unknown keys
@@ -665,7 +713,10 @@ type SandboxDetail struct {
 	MemoryMB    int               `json:"memoryMB"`
 	Metadata    map[string]string `json:"metadata"`
 
-	// Network A sandbox's network policy as reported.
+	// Network A sandbox's network policy as reported. Rules are reported by
+	// domain with their header names; every value is `[redacted]` (a
+	// value equal to it is refused, so a policy read back and sent again
+	// cannot overwrite the secrets with the marker).
 	Network NetworkOut `json:"network"`
 
 	// OpenFiles *cellfork extension.* Open files per process. Absent for sandboxes started by an older daemon.

@@ -8,8 +8,13 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"math/big"
@@ -18,6 +23,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,8 +33,9 @@ import (
 
 // Addresses of the fake internet host. On every address it serves TCP on
 // :8080 (it answers "hi" and closes), HTTP on :80 and HTTPS on :443 (a
-// self-signed certificate for any name); both answer "<Host or SNI> at
-// <the address the client reached>".
+// certificate for the test names that Root signs); both answer "<Host or
+// SNI> at <the address the client reached>", except on /echo (the request
+// as JSON: Echo) and /stream (three lines, 200 ms apart, each flushed).
 const (
 	PublicAddr  = "203.0.113.10:8080" // TEST-NET-3
 	OtherIP     = "203.0.113.20"      // a second public host
@@ -100,9 +107,34 @@ func serveWeb(t testing.TB, ns string) {
 		if r.TLS != nil {
 			name = r.TLS.ServerName
 		}
-		io.WriteString(w, answer(name, c))
+		switch r.URL.Path {
+		case "/echo":
+			body, _ := io.ReadAll(r.Body)
+			e := Echo{Host: r.Host, Method: r.Method, URI: r.RequestURI, Headers: http.Header{}, Body: string(body),
+				At: c.LocalAddr().(*net.TCPAddr).IP.String()}
+			for k, vs := range r.Header {
+				for _, v := range vs {
+					e.Headers[k] = append(e.Headers[k], Digest(v))
+				}
+			}
+			if r.TLS != nil {
+				e.SNI = r.TLS.ServerName
+			}
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(e)
+		case "/stream":
+			for i := range 3 {
+				if i > 0 {
+					time.Sleep(200 * time.Millisecond)
+				}
+				fmt.Fprintf(w, "line %d\n", i)
+				w.(http.Flusher).Flush()
+			}
+		default:
+			io.WriteString(w, answer(name, c))
+		}
 	})
-	cert := selfSigned(t)
+	cert := serverCert(t)
 	for _, port := range []string{":80", ":443"} {
 		ln, err := listenIn(ns, port)
 		if err != nil {
@@ -121,15 +153,74 @@ func serveWeb(t testing.TB, ns string) {
 
 type connKey struct{}
 
-func selfSigned(t testing.TB) tls.Certificate {
+// Echo is what /echo answers: the request as the host saw it. Header
+// values are Digests, so that a secret a test sends through the egress
+// proxy does not come back into the sandbox in the answer.
+type Echo struct {
+	Host    string      `json:"host"`
+	SNI     string      `json:"sni"`
+	Method  string      `json:"method"`
+	URI     string      `json:"uri"`
+	Headers http.Header `json:"headers"` // values: Digest(value)
+	Body    string      `json:"body"`
+	At      string      `json:"at"` // the address the client reached
+}
+
+// Digest stands for a header value in an Echo.
+func Digest(v string) string {
+	sum := sha256.Sum256([]byte(v))
+	return "sha256:" + hex.EncodeToString(sum[:12])
+}
+
+// testRoot is the fake internet's certificate authority, one per test
+// process (a daemon the tests start can be told to trust it: RootPEM).
+var testRoot = sync.OnceValues(func() (*x509.Certificate, *ecdsa.PrivateKey) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		panic(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "cellfork fake internet root"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		panic(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		panic(err)
+	}
+	return cert, key
+})
+
+// RootPEM is the certificate of the authority that signs the fake
+// internet's HTTPS certificate.
+func RootPEM() []byte {
+	cert, _ := testRoot()
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})
+}
+
+// RootPool is a pool holding only RootPEM's certificate.
+func RootPool() *x509.CertPool {
+	cert, _ := testRoot()
+	p := x509.NewCertPool()
+	p.AddCert(cert)
+	return p
+}
+
+// serverCert is the fake host's certificate for the test names, signed by
+// the test root.
+func serverCert(t testing.TB) tls.Certificate {
 	t.Helper()
+	root, rootKey := testRoot()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour),
-		NotAfter: time.Now().Add(time.Hour), DNSNames: []string{"*.test", "allowed.test"}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), DNSNames: []string{"*.test", "allowed.test", "*.allowed.test"},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, root, &key.PublicKey, rootKey)
 	if err != nil {
 		t.Fatal(err)
 	}
