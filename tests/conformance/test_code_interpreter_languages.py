@@ -38,36 +38,46 @@ LANGS = {
         print="print('hello')", fail="1 / 0", error=("ZeroDivisionError", "division by zero"),
         env="import os; os.environ.get('FOO', 'unset')", sandbox_env="import os; os.environ['CF_LANG_ENV']",
         cwd="import os; os.getcwd()", forever="while True: pass",
+        eprint="import sys; print('oops', file=sys.stderr)", exit="import os; os._exit(3)",
+        live="import time; print('a', flush=True); time.sleep(2); print('b')",
     ),
     "javascript": dict(
         set="let x = 40", get="x + 2", value="42",
         print="console.log('hello')", fail="null.x", error=("TypeError", "Cannot read properties of null (reading 'x')"),
         env="process.env.FOO || 'unset'", sandbox_env="process.env.CF_LANG_ENV",
         cwd="process.cwd()", forever="while (true) {}",
+        eprint="console.error('oops')", exit="process.exit(3)",
+        live="console.log('a'); await new Promise(r => setTimeout(r, 2000)); console.log('b')",
     ),
     "typescript": dict(
         set="const x: number = 40", get="x + 2", value="42",
         print="const s: string = 'hello'; console.log(s)", fail="throw new RangeError('out')", error=("RangeError", "out"),
         env="process.env.FOO || 'unset'", sandbox_env="process.env.CF_LANG_ENV",
         cwd="process.cwd()", forever="while (true) {}",
+        eprint="console.error('oops')", exit="process.exit(3)", live=None,
     ),
     "r": dict(
         set="x <- 40", get="x + 2", value="[1] 42",
         print='cat("hello\\n")', fail='stop("bad")', error=("ERROR", "Error: bad\n"),
         env='Sys.getenv("FOO", unset = "unset")', sandbox_env='Sys.getenv("CF_LANG_ENV")',
         cwd="getwd()", forever="while (TRUE) {}",
+        # As IRkernel: an expression's output is sent when it ends.
+        eprint='message("oops")', exit="quit(status = 3)", live='cat("a\\n")\nSys.sleep(2)\ncat("b\\n")',
     ),
     "java": dict(
         set="int x = 40;", get="x + 2", value="42",
         print='System.out.println("hello");', fail="int y = 1 / 0;", error=("java.lang.ArithmeticException", "/ by zero"),
         env='System.getProperty("FOO", "unset")', sandbox_env='System.getProperty("CF_LANG_ENV")',
         cwd='System.getProperty("user.dir")', forever="while (true) {}",
+        eprint='System.err.println("oops");', exit="System.exit(3);",
+        live='System.out.println("a"); Thread.sleep(2000); System.out.println("b");',
     ),
     "bash": dict(
         set="x=40", get="echo $((x + 2))", value=None,  # bash has no values: its output is stdout
         print="echo hello", fail="false", error=("", "1"),
         env="echo ${FOO:-unset}", sandbox_env="echo $CF_LANG_ENV",
         cwd="pwd", forever="sleep 1000",
+        eprint="echo oops >&2", exit="exit 3", live="echo a; sleep 2; echo b",
     ),
 }
 
@@ -104,6 +114,45 @@ def test_streamed_output(ci, lang):
     assert ex.error is None, ex.error
     assert "".join(ex.logs.stdout) == "hello\n"
     assert "".join(m.line for m in out) == "hello\n"
+
+
+@pytest.mark.parametrize("lang", list(LANGS))
+def test_streamed_stderr(ci, lang):
+    err = []
+    ex = ci.run_code(LANGS[lang]["eprint"], language=lang, on_stderr=err.append)
+    assert ex.error is None, ex.error
+    assert "".join(ex.logs.stderr) == "oops\n" and "".join(m.line for m in err) == "oops\n"
+    assert all(m.error for m in err)
+
+
+@pytest.mark.parametrize("lang", [lang for lang in LANGS if LANGS[lang]["live"]])
+def test_output_is_live(ci, lang):
+    # Output comes as it is written, not when the cell ends.
+    seen = []
+    t0 = time.monotonic()
+    ex = ci.run_code(LANGS[lang]["live"], language=lang, on_stdout=lambda m: seen.append((time.monotonic(), m.line)))
+    end = time.monotonic()
+    assert ex.error is None, ex.error
+    assert "".join(line for _, line in seen) == "a\nb\n"
+    first = next(t for t, line in seen if line.startswith("a"))
+    assert end - first > 1.5, f"first output {first - t0:.2f}s after the start, {end - first:.2f}s before the end"
+
+
+@pytest.mark.parametrize("lang", list(LANGS))
+def test_kernel_death_restarts(ci, lang):
+    # A cell that ends its kernel gets a clear error; the next execution
+    # runs in a fresh kernel.
+    c = LANGS[lang]
+    ctx = ci.create_code_context(language=lang)
+    try:
+        assert ci.run_code(c["set"], context=ctx).error is None
+        ex = ci.run_code(c["exit"], context=ctx)
+        assert ex.error is not None and ex.error.name == "UnexpectedEndOfExecution", ex.error
+        ex = ci.run_code(c["get"], context=ctx)
+        assert ex.error is not None or "".join(ex.logs.stdout).strip() == "2"  # x is gone
+        assert "".join(ci.run_code(c["print"], context=ctx).logs.stdout) == "hello\n"
+    finally:
+        ci.remove_code_context(ctx)
 
 
 @pytest.mark.parametrize("lang", list(LANGS))
@@ -195,17 +244,6 @@ def test_java_println_writes_text_then_newline(ci):
     ex = ci.run_code('System.out.println("Hello, World!")', language="java")
     assert ex.logs.stdout[0] == "Hello, World!"
     assert "".join(ex.logs.stdout) == "Hello, World!\n"
-
-
-def test_kernel_that_exits_restarts(ci):
-    ctx = ci.create_code_context(language="bash")
-    try:
-        ci.run_code("Y=1", context=ctx)
-        ex = ci.run_code("exit 3", context=ctx)
-        assert ex.error is not None and ex.error.name == "UnexpectedEndOfExecution"
-        assert "".join(ci.run_code("echo ${Y:-fresh}", context=ctx).logs.stdout) == "fresh\n"
-    finally:
-        ci.remove_code_context(ctx)
 
 
 def test_unknown_language_and_bad_cwd(ci):

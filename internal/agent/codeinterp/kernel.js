@@ -16,6 +16,7 @@
 // so `const` and `let` may be declared again in a later cell, as in a REPL.
 
 const fs = require('fs');
+const net = require('net');
 const path = require('path');
 const util = require('util');
 const vm = require('vm');
@@ -321,7 +322,9 @@ async function execute(cmd) {
 function commands(onCommand) {
   let buf = Buffer.alloc(0);
   let queue = Promise.resolve();
-  const stream = fs.createReadStream(null, { fd: CMD_FD, highWaterMark: 1 << 16 });
+  // A socket on the pipe, read by the event loop: a file stream would park
+  // a libuv pool thread in read(), and process.exit() waits for the pool.
+  const stream = new net.Socket({ fd: CMD_FD, readable: true, writable: false });
   const line = (from) => {
     const nl = buf.indexOf(10, from);
     return nl < 0 ? null : [buf.toString('latin1', from, nl), nl + 1];
