@@ -71,13 +71,17 @@ local({
   # evaluate runs one top-level expression with its output captured; it
   # returns FALSE when the cell must stop (an error or an interrupt).
   evaluate <- function(expr) {
-    captured <- character(0)
-    con <- textConnection("captured", "w", local = TRUE)
+    # A raw connection keeps the output exactly (a text connection would
+    # end an unfinished last line).
+    con <- rawConnection(raw(0), "w")
     sink(con)
     on.exit({
       sink()
+      bytes <- rawConnectionValue(con)
+      text <- rawToChar(bytes[bytes != as.raw(0L)]) # R strings hold no NUL
       close(con)
-      output("stdout", if (length(captured)) paste0(captured, "\n", collapse = "") else "")
+      Encoding(text) <- "UTF-8"
+      output("stdout", text)
     })
     ok <- TRUE
     withCallingHandlers(
