@@ -315,3 +315,10 @@ def test_figure_shown_once_and_value_after(ci, ctx):
     ex = ok(ci.run_code("fig, ax = plt.subplots()\nax.plot([3, 1])\nfig", context=ctx))
     assert [(bool(r.png), r.is_main_result) for r in ex.results] == [(True, True)]
     assert ex.results[0].chart.type == ChartType.LINE
+    # So with matplotlib's inline backend, which shows the figures a cell
+    # drew when it ends.
+    ok(ci.run_code("%matplotlib inline", context=ctx))
+    ex = ok(ci.run_code("fig, ax = plt.subplots()\nax.bar(['a'], [1])\nfig", context=ctx))
+    assert [(bool(r.png), r.is_main_result) for r in ex.results] == [(True, True)]
+    ex = ok(ci.run_code("plt.plot([1, 2])\nplt.show()\n7", context=ctx))
+    assert [(bool(r.png), r.is_main_result) for r in ex.results] == [(True, False), (False, True)]

@@ -379,9 +379,15 @@ def _make_shell():
 
     class Hook(DisplayHook):
         def __call__(self, result=None):
-            if result is not None and is_figure(result):
+            figure = result is not None and is_figure(result)
+            if figure:
                 SHOWN.add(id(result))
             super().__call__(result)
+            plt = sys.modules.get("matplotlib.pyplot")
+            if figure and plt is not None:
+                # Shown as the cell's value: closed, so that the inline
+                # backend (`%matplotlib inline`) does not show it again.
+                plt.close(result)
 
         def write_output_prompt(self):
             pass
@@ -440,6 +446,9 @@ def _make_shell():
     # `!cmd` writes to the kernel's fd 1 and 2 (captured, in order), not
     # through a pseudo-terminal, which would turn every "\n" into "\r\n".
     ip.system = ip.system_raw
+    # `%matplotlib inline` (and `%pylab`) ask for a GUI event loop; a kernel
+    # has none to run, as ipykernel's has none for inline.
+    ip.enable_gui = lambda gui=None: None
     return ip
 
 
