@@ -31,7 +31,9 @@ import (
 //	            cell's own output, or its child processes'). After each cell
 //	            the kernel writes the value of $CELLFORK_MARK to both, before
 //	            "done": the agent ends the execution once it has read both
-//	            marks, so all the cell's output is in it.
+//	            marks, so all the cell's output is in it. (The mark is random
+//	            per kernel; a cell that writes it itself can only cut its
+//	            own output short.)
 //	SIGINT      interrupts the running cell; ignored between cells.
 //
 // Python's kernel.py captures its own fd 1 and 2 and speaks JSON commands

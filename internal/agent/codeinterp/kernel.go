@@ -217,6 +217,13 @@ func (k *kernel) readEvents(evR *os.File, ready chan struct{}) {
 	// (its process group) goes with it.
 	k.kill()
 	<-k.waited
+	// What it wrote to fd 1 and 2 before it died belongs to the running
+	// execution: let the readers deliver it (they end at EOF, now that
+	// the writers are gone).
+	select {
+	case <-k.diagDone:
+	case <-time.After(time.Second):
+	}
 	k.cmdW.Close()
 }
 

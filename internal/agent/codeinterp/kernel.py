@@ -21,6 +21,10 @@ SIGINT interrupts the running cell (KeyboardInterrupt) and is ignored between
 cells; the agent sends it to the kernel's process group.
 CELLFORK_PREIMPORT="numpy,pandas,matplotlib.pyplot" imports those modules
 before "ready", so a warm template pays for them once.
+
+Cells run as plain Python (with IPython's handling of an indented cell)
+until one needs IPython; results are formatted as Jupyter's, with E2B's
+additions: see kernel_rich.py, loaded from beside this file.
 """
 
 import ast

@@ -113,6 +113,7 @@ func TestRequestErrors(t *testing.T) {
 
 func TestStreamingIsLive(t *testing.T) {
 	h := newHarness(t, "", nil)
+	noError(t, h.run("None")) // the kernel's start is not the cell's
 	start := time.Now()
 	var firstAt, partialAt time.Duration
 	resp := h.post(context.Background(), "/execute", map[string]any{
