@@ -234,6 +234,8 @@ def test_javascript_imports_and_await(ci):
     ex = ci.run_code("import { readFileSync } from 'fs'\nconsole.log(typeof readFileSync)", language="js")
     assert ex.logs.stdout == ["function\n"]
     assert ci.run_code("await Promise.resolve('Hello World!')", language="js").text == "Hello World!"
+    assert ci.run_code("(await import('path')).basename('/a/b')", language="js").text == "b"
+    assert ci.run_code("import * as os from 'os'\ntypeof os.platform()", language="ts").text == "string"
     # Declarations may be repeated, as in a REPL.
     assert ci.run_code("const again = 1; const again2 = again", language="js").error is None
     assert ci.run_code("const again = 2; again", language="js").text == "2"

@@ -23,6 +23,7 @@ const vm = require('vm');
 const { createRequire } = require('module');
 const { pathToFileURL } = require('url');
 const acorn = require('acorn');
+const walk = require('acorn-walk');
 
 const CMD_FD = 3;
 const EVT_FD = 4;
@@ -90,10 +91,27 @@ function patternNames(node, out) {
   return out;
 }
 
+// dynamicImports turns import() into the kernel's import, which resolves
+// from the working directory (node's vm module offers import() to scripts
+// only behind --experimental-vm-modules).
+function dynamicImports(code, ast) {
+  const at = [];
+  walk.simple(ast, { ImportExpression(node) { at.push(node.start); } });
+  for (const start of at.sort((a, b) => b - a)) {
+    code = code.slice(0, start) + '__cellfork_import' + code.slice(start + 'import'.length);
+  }
+  return at.length ? code : null;
+}
+
 // rewrite turns a cell into a script whose value is a promise of the cell's
 // last expression (see the top of this file).
 function rewrite(code) {
-  const ast = parse(code);
+  let ast = parse(code);
+  const imported = dynamicImports(code, ast);
+  if (imported !== null) {
+    code = imported;
+    ast = parse(code);
+  }
   const src = (n) => code.slice(n.start, n.end);
   const names = new Set();
   const edits = []; // {start, end, text}, in order
@@ -179,7 +197,7 @@ function rewrite(code) {
   return `${vars}(async () => { ${hoisted.join(' ')}${body}\n})()`;
 }
 
-// importModule serves `import` statements: require() first (relative to the
+// importModule serves `import` statements and import(): require() first (relative to the
 // working directory, like node's REPL), then a real import() for ES modules.
 async function importModule(spec) {
   const req = createRequire(path.join(process.cwd(), '[cellfork]'));
@@ -193,10 +211,6 @@ async function importModule(spec) {
     if (err.code !== 'ERR_REQUIRE_ESM') throw err;
     return import(pathToFileURL(req.resolve(spec)).href);
   }
-}
-
-function dynamicImport(spec) {
-  return importModule(spec);
 }
 
 function setupGlobals() {
@@ -255,7 +269,6 @@ async function runCell(code) {
   const promise = vm.runInThisContext(script, {
     filename: `<cell-${count}>`,
     breakOnSigint: true,
-    importModuleDynamically: dynamicImport,
   });
   let interrupt;
   const stop = new Promise((_, reject) => { interrupt = () => reject(interruptedError()); });
