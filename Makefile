@@ -15,7 +15,8 @@ build:
 	@mkdir -p bin
 	$(GO_BUILD) -o bin/cellfork ./cmd/cellfork
 	$(GO_BUILD) -o bin/cellfork-agent ./cmd/cellfork-agent
-	@cp internal/agent/codeinterp/kernel.py bin/kernel.py
+	@cp internal/agent/codeinterp/kernel.py internal/agent/codeinterp/kernel_rich.py internal/agent/codeinterp/kernel.js internal/agent/codeinterp/kernel.R \
+		internal/agent/codeinterp/kernel.java internal/agent/codeinterp/kernel.sh bin/
 
 template: build
 	@bin/cellfork template build --data-dir $(DATA_DIR)

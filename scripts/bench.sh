@@ -10,6 +10,8 @@
 #   cluster: bench/cluster (placement against 1..10,000 hosts, the gateway's
 #         cost against the host, creates, 10,000 idle connections) on a
 #         one-machine cluster; not part of "all"
+#   languages: bench/languages.py (the code interpreter's kernels: start,
+#         hot run_code, memory; not part of "all")
 # Options other than --quick belong to one suite; pass them with --suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,9 +25,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$suite" in
-  all|core|fork|noisy) ;;
+  all|core|fork|noisy|languages) ;;
   cluster) exec go run ./bench/cluster -bin bin/cellfork -template-dir "${DATA_DIR:-/var/lib/cellfork}/templates" "${args[@]}" ;;
-  *) echo "usage: scripts/bench.sh [--suite all|core|fork|noisy|cluster] [--quick] [suite options]" >&2; exit 2 ;;
+  *) echo "usage: scripts/bench.sh [--suite all|core|fork|noisy|cluster|languages] [--quick] [suite options]" >&2; exit 2 ;;
 esac
 . scripts/lib.sh
 start_test_daemon
@@ -34,4 +36,5 @@ rc=0
 if [ "$suite" = all ] || [ "$suite" = core ]; then .venv/bin/python bench/bench.py "${args[@]}" || rc=$?; echo; fi
 if [ "$suite" = all ] || [ "$suite" = fork ]; then .venv/bin/python bench/fork.py "${args[@]}" || rc=$?; echo; fi
 if [ "$suite" = all ] || [ "$suite" = noisy ]; then .venv/bin/python bench/noisy.py "${args[@]}" || rc=$?; fi
+if [ "$suite" = languages ]; then .venv/bin/python bench/languages.py "${args[@]}" || rc=$?; fi
 exit $rc

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# build-rootfs.sh PACKAGES_FILE OUT_DIR
-# Builds a Debian bookworm rootfs with the listed packages and a user `user`
-# (uid 1000, home /home/user) into OUT_DIR, atomically: OUT_DIR appears only
-# when the build succeeded.
+# build-rootfs.sh PACKAGES_FILE OUT_DIR [PIP_FILE]
+# Builds a Debian bookworm rootfs with the listed packages, the Python
+# packages of PIP_FILE (a pip requirements file with hashes) and a user
+# `user` (uid 1000, home /home/user) into OUT_DIR, atomically: OUT_DIR
+# appears only when the build succeeded.
 set -euo pipefail
-pkgs_file=$1 out=$2
+pkgs_file=$1 out=$2 pip_file=${3:-}
 mirror=${CELLFORK_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 pkgs=$(grep -v '^\s*#' "$pkgs_file" | xargs | tr ' ' ,)
 tmp="$out.tmp.$$"
@@ -19,6 +20,25 @@ mkdir -p "$(dirname "$out")"
 echo "rootfs: debootstrap bookworm ($pkgs)"
 debootstrap --variant=minbase --include="$pkgs" bookworm "$tmp" "$mirror" |
   awk '/^I: (Retrieving|Validating|Unpacking|Configuring) / {n++; if (n % 40 == 0) {print "rootfs:   " $0; fflush()}} /^[EW]: / {print; fflush()}'
+if [ -n "$pip_file" ] && grep -q '^[A-Za-z0-9]' "$pip_file"; then
+  echo "rootfs: pip install $(grep -o '^[A-Za-z0-9._-]*==[^ ]*' "$pip_file" | xargs)"
+  # pip in the rootfs reaches PyPI as the host does: through the host's
+  # resolver, trusting the host's CA bundle (which may hold a proxy's CA).
+  # The rootfs's own resolv.conf is written below.
+  cp /etc/resolv.conf "$tmp/etc/resolv.conf"
+  cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$tmp/tmp/host-ca.crt"
+  cp "$pip_file" "$tmp/tmp/pip-requirements.txt"
+  chroot "$tmp" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+    ${HTTPS_PROXY:+HTTPS_PROXY=$HTTPS_PROXY} ${https_proxy:+https_proxy=$https_proxy} \
+    /usr/bin/python3 -m pip install --quiet --no-cache-dir --disable-pip-version-check --root-user-action=ignore \
+    --break-system-packages --require-hashes --no-deps --only-binary=:all: \
+    --cert /tmp/host-ca.crt -r /tmp/pip-requirements.txt
+  rm -f "$tmp/tmp/host-ca.crt" "$tmp/tmp/pip-requirements.txt"
+fi
+# `pip install` works in sandboxes as in E2B's (installing into /usr/local
+# as root, into ~/.local for user) instead of refusing Debian's Python
+# (PEP 668).
+printf '[global]\nbreak-system-packages = true\n' > "$tmp/etc/pip.conf"
 echo "rootfs: adding user 'user'"
 chroot "$tmp" /usr/sbin/useradd --create-home --uid 1000 --user-group --shell /bin/bash user
 # As in E2B's sandboxes, `user` may sudo without a password: the sandbox,

@@ -6,9 +6,10 @@ package templates
 
 import "embed"
 
-// FS holds build-rootfs.sh, <template>/packages, <template>/preimport
-// (modules the warm image has imported, so the first run_code is instant)
-// and the optional <template>/limits (resource defaults of its sandboxes).
+// FS holds build-rootfs.sh, <template>/packages, <template>/pip (Python
+// packages from PyPI, pinned with hashes), <template>/preimport (modules
+// the warm image has imported, so the first run_code is instant) and the
+// optional <template>/limits (resource defaults of its sandboxes).
 //
-//go:embed build-rootfs.sh base/packages base/preimport base/limits
+//go:embed build-rootfs.sh base/packages base/pip base/preimport base/limits
 var FS embed.FS

@@ -26,14 +26,14 @@ var daemonAddr = netip.MustParseAddr("10.88.0.1")
 func main() {
 	envdAddr := flag.String("envd-addr", fmt.Sprintf(":%d", wire.Port), "envd listen address")
 	codeAddr := flag.String("code-addr", fmt.Sprintf(":%d", wire.CodeInterpreterPort), "code interpreter listen address")
-	kernel := flag.String("kernel", "", "python kernel helper (default: kernel.py beside this executable)")
+	kernels := flag.String("kernels", "", "directory of the code interpreter's kernels, kernel.py and the others (default: beside this executable)")
 	flag.Parse()
-	if *kernel == "" {
+	if *kernels == "" {
 		exe, err := os.Executable()
 		if err != nil {
 			log.Fatal(err)
 		}
-		*kernel = filepath.Join(filepath.Dir(exe), "kernel.py")
+		*kernels = filepath.Dir(exe)
 	}
 	if err := agent.DropResourceCapFromChildren(); err != nil {
 		log.Fatal(err) // what it runs would get the capability
@@ -43,7 +43,7 @@ func main() {
 		go agent.ReapOrphans() // orphans become ours: reap their zombies
 	}
 	s := agent.NewSettings()
-	ci := codeinterp.New(s, *kernel)
+	ci := codeinterp.New(s, *kernels)
 	ready, startErr := make(chan struct{}), error(nil)
 	go func() {
 		if startErr = ci.StartDefault(); startErr != nil {

@@ -39,7 +39,7 @@ func serve(ctx context.Context, args []string) int {
 	fs.StringVar(&cfg.DataDir, "data-dir", envOr("CELLFORK_DATA_DIR", "/var/lib/cellfork"), "data directory (env CELLFORK_DATA_DIR)")
 	fs.StringVar(&cfg.TemplateDir, "template-dir", os.Getenv("CELLFORK_TEMPLATE_DIR"), "template cache (default DATA_DIR/templates; env CELLFORK_TEMPLATE_DIR)")
 	fs.StringVar(&cfg.Runsc, "runsc", envOr("CELLFORK_RUNSC", "/usr/local/lib/cellfork/runsc"), "static runsc binary (env CELLFORK_RUNSC)")
-	fs.StringVar(&cfg.AgentDir, "agent-dir", defaultAgentDir(), "directory with cellfork-agent and kernel.py")
+	fs.StringVar(&cfg.AgentDir, "agent-dir", defaultAgentDir(), "directory with cellfork-agent and its kernels (kernel.py...)")
 	fs.StringVar(&cfg.Domain, "domain", os.Getenv("CELLFORK_DOMAIN"), "sandbox domain reported to SDKs for {port}-{id}.{domain} hosts (env CELLFORK_DOMAIN)")
 	uploadMB := fs.Int64("max-upload-mb", 1024, "largest file upload accepted, in MiB")
 	fs.IntVar(&cfg.DefaultLimits.CPUCount, "default-cpus", 1, "CPUs per sandbox unless its template or create says otherwise")
@@ -114,7 +114,7 @@ func templateCmd(ctx context.Context, args []string) int {
 	}
 	fs := flag.NewFlagSet("template build", flag.ContinueOnError)
 	dataDir := fs.String("data-dir", envOr("CELLFORK_DATA_DIR", "/var/lib/cellfork"), "data directory")
-	agentDir := fs.String("agent-dir", defaultAgentDir(), "directory with cellfork-agent and kernel.py")
+	agentDir := fs.String("agent-dir", defaultAgentDir(), "directory with cellfork-agent and its kernels (kernel.py...)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}

@@ -30,8 +30,9 @@ var aliases = map[string]string{
 	"code-interpreter":    "base",
 }
 
-// AgentFiles are the files installed into every rootfs under /opt/cellfork.
-var AgentFiles = []string{"cellfork-agent", "kernel.py"}
+// AgentFiles are the files installed into every rootfs under /opt/cellfork:
+// the agent and its code interpreter's kernels.
+var AgentFiles = []string{"cellfork-agent", "kernel.py", "kernel_rich.py", "kernel.js", "kernel.R", "kernel.java", "kernel.sh"}
 
 // AgentDir holds the agent inside a sandbox, one directory per agent
 // version (AgentPath).
@@ -87,11 +88,20 @@ func (r *Registry) Rootfs(ctx context.Context, name string, progress io.Writer) 
 	return p, nil
 }
 
+// definitionFiles are the files of a template that its rootfs is built
+// from (pip is optional).
+func definitionFiles(name string) []string {
+	return []string{"build-rootfs.sh", name + "/packages", name + "/pip"}
+}
+
 // Hash identifies a template's definition.
 func Hash(name string) (string, error) {
 	h := sha256.New()
-	for _, f := range []string{"build-rootfs.sh", name + "/packages"} {
+	for _, f := range definitionFiles(name) {
 		b, err := fs.ReadFile(templates.FS, f)
+		if errors.Is(err, fs.ErrNotExist) && f == name+"/pip" {
+			continue
+		}
 		if err != nil {
 			return "", fmt.Errorf("reading template %s: %w", name, err)
 		}
@@ -168,20 +178,23 @@ func runBuild(ctx context.Context, name, rootfs string, progress io.Writer) erro
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	for _, f := range []string{"build-rootfs.sh", "packages"} {
-		src := f
-		if f == "packages" {
-			src = name + "/packages"
-		}
+	args := []string{filepath.Join(tmp, "build-rootfs.sh"), filepath.Join(tmp, "packages"), rootfs}
+	for _, src := range definitionFiles(name) {
 		b, err := fs.ReadFile(templates.FS, src)
+		if errors.Is(err, fs.ErrNotExist) && src == name+"/pip" {
+			continue
+		}
 		if err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(tmp, f), b, 0o755); err != nil {
+		if err := os.WriteFile(filepath.Join(tmp, filepath.Base(src)), b, 0o755); err != nil {
 			return err
 		}
+		if src == name+"/pip" {
+			args = append(args, filepath.Join(tmp, "pip"))
+		}
 	}
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(tmp, "build-rootfs.sh"), filepath.Join(tmp, "packages"), rootfs)
+	cmd := exec.CommandContext(ctx, "bash", args...)
 	cmd.Stdout, cmd.Stderr = progress, progress
 	return cmd.Run()
 }

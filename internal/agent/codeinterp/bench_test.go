@@ -53,7 +53,7 @@ func BenchmarkHealth(b *testing.B) {
 // recorder.
 func BenchmarkKernelRun(b *testing.B) {
 	h := newHarness(b, "", nil)
-	c, err := h.ip.defaultContext()
+	c, err := h.ip.defaultContext(Python)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -10,6 +10,9 @@ import (
 // deleted meanwhile.
 var errRemoved = errors.New("the context was removed")
 
+// spawner describes the kernel a context needs.
+type spawner func(ctx context.Context, c *codeContext) (spawnSpec, error)
+
 // codeContext is one code context: an id and a kernel process started on
 // demand. Safe for concurrent use; executions are serialized by run.
 type codeContext struct {
@@ -32,9 +35,9 @@ type contextInfo struct {
 	Cwd      string `json:"cwd"`
 }
 
-func newCodeContext(id, cwd string, seq uint64) *codeContext {
+func newCodeContext(id, lang, cwd string, seq uint64) *codeContext {
 	return &codeContext{
-		id: id, language: "python", cwd: cwd, seq: seq,
+		id: id, language: lang, cwd: cwd, seq: seq,
 		run: make(chan struct{}, 1), mu: make(chan struct{}, 1),
 	}
 }
@@ -81,7 +84,7 @@ func (c *codeContext) unlock() { <-c.mu }
 
 // kernel returns the context's live kernel, starting a new one (fresh
 // state) if there is none or the last one died.
-func (c *codeContext) kernel(ctx context.Context, spawn func(id, cwd string) (spawnSpec, error)) (*kernel, error) {
+func (c *codeContext) kernel(ctx context.Context, spawn spawner) (*kernel, error) {
 	if err := c.lock(ctx); err != nil {
 		return nil, err
 	}
@@ -92,7 +95,7 @@ func (c *codeContext) kernel(ctx context.Context, spawn func(id, cwd string) (sp
 	if c.k != nil && !c.k.exited() {
 		return c.k, nil
 	}
-	spec, err := spawn(c.id, c.cwd)
+	spec, err := spawn(ctx, c)
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +110,7 @@ func (c *codeContext) kernel(ctx context.Context, spawn func(id, cwd string) (sp
 
 // restart replaces the kernel with a fresh one. A running execution ends
 // with UnexpectedEndOfExecution.
-func (c *codeContext) restart(ctx context.Context, spawn func(id, cwd string) (spawnSpec, error)) error {
+func (c *codeContext) restart(ctx context.Context, spawn spawner) error {
 	if err := c.lock(ctx); err != nil {
 		return err
 	}

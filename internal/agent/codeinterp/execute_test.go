@@ -204,7 +204,7 @@ func TestOutputFlood(t *testing.T) {
 func TestKernelSurvivesBadEnv(t *testing.T) {
 	h := newHarness(t, "", nil)
 	noError(t, h.run("kept = 7"))
-	c, err := h.ip.defaultContext()
+	c, err := h.ip.defaultContext(Python)
 	if err != nil {
 		t.Fatal(err)
 	}

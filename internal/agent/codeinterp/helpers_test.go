@@ -55,8 +55,9 @@ func newHarness(t testing.TB, python string, envs map[string]string) *harness {
 	}
 	sets := agent.NewSettings()
 	sets.Init(currentUser(t), "", envs)
-	ip := New(sets, kernelScript(t))
+	ip := New(sets, filepath.Dir(kernelScript(t)))
 	ip.python = python
+	ip.cacheDir = t.TempDir()
 	ip.timing.keepalive = 200 * time.Millisecond
 	ip.timing.grace = 500 * time.Millisecond
 	srv := httptest.NewServer(ip.Handler())

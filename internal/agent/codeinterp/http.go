@@ -22,7 +22,7 @@ const maxRequestBytes = 64 << 20
 //	POST   /contexts              create a context {"language"?, "cwd"?}
 //	POST   /contexts/{id}/restart fresh interpreter, same id
 //	DELETE /contexts/{id}         kill and forget a context
-//	GET    /health                204
+//	GET    /health                200 "OK", as E2B's
 func (i *Interpreter) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /execute", i.handleExecute)
@@ -30,8 +30,10 @@ func (i *Interpreter) Handler() http.Handler {
 	mux.HandleFunc("POST /contexts", i.handleCreate)
 	mux.HandleFunc("POST /contexts/{id}/restart", i.handleRestart)
 	mux.HandleFunc("DELETE /contexts/{id}", i.handleDelete)
+	// E2B's code interpreter answers 200 with the JSON string "OK" (its
+	// template's readiness check wants a 200).
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
-		w.WriteHeader(http.StatusNoContent)
+		writeJSON(w, "OK")
 	})
 	return mux
 }
@@ -72,6 +74,10 @@ func (i *Interpreter) handleExecute(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	out := newNDJSON(w, i.log)
+	// The headers go now, not with the first output: a client whose
+	// sandbox dies during silent code then sees a broken stream, which the
+	// SDKs report as the sandbox being killed.
+	out.flush()
 	i.execute(r.Context(), c, req, out)
 }
 
@@ -83,10 +89,14 @@ func (i *Interpreter) resolve(id, language string) (*codeContext, error) {
 	if id != "" {
 		return i.lookup(id)
 	}
-	if err := checkLanguage(language); err != nil {
+	lang, err := normalizeLanguage(language)
+	if err != nil {
 		return nil, err
 	}
-	return i.defaultContext()
+	if err := i.available(lang); err != nil {
+		return nil, err
+	}
+	return i.defaultContext(lang)
 }
 
 // execute runs one request in c. The stream always ends with
@@ -127,11 +137,15 @@ func (i *Interpreter) handleCreate(w http.ResponseWriter, r *http.Request) {
 		i.writeError(w, err)
 		return
 	}
-	if err := checkLanguage(req.Language); err != nil {
+	lang, err := normalizeLanguage(req.Language)
+	if err == nil {
+		err = i.available(lang)
+	}
+	if err != nil {
 		i.writeError(w, err)
 		return
 	}
-	c, err := i.create(r.Context(), req.Cwd)
+	c, err := i.create(r.Context(), lang, req.Cwd)
 	if err != nil {
 		i.writeError(w, err)
 		return
@@ -202,7 +216,7 @@ func writeJSON(w http.ResponseWriter, v any) {
 func (i *Interpreter) writeError(w http.ResponseWriter, err error) {
 	status := http.StatusInternalServerError
 	switch {
-	case errors.Is(err, errInvalid):
+	case errors.Is(err, errInvalid), errors.Is(err, errUnavailable):
 		status = http.StatusBadRequest
 	case errors.Is(err, errNotFound):
 		status = http.StatusNotFound

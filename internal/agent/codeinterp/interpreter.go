@@ -1,8 +1,12 @@
 // Package codeinterp is the agent's code interpreter: the E2B
 // code-interpreter API (POST /execute, /contexts, /health on port 49999)
-// served by one long-lived Python process per code context, running
-// kernel.py. State persists between executions in a context; executions in
-// one context are serialized, different contexts run in parallel.
+// served by one long-lived kernel process per code context: kernel.py for
+// Python, node (kernel.js) for JavaScript and TypeScript, Rscript
+// (kernel.R), a JVM with JShell (kernel.java) and bash (kernel.sh). State
+// persists between executions in a context; executions in one context are
+// serialized, different contexts run in parallel. A kernel starts when its
+// context is first created or used, so a sandbox pays only for the
+// languages it runs.
 package codeinterp
 
 import (
@@ -18,7 +22,6 @@ import (
 	"os/user"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -39,34 +42,42 @@ const (
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+// DefaultCacheDir holds what the interpreter prepares once per sandbox
+// (the compiled Java kernel).
+const DefaultCacheDir = "/var/cache/cellfork"
+
 // Interpreter serves the code-interpreter API. Safe for concurrent use.
 type Interpreter struct {
-	settings   *agent.Settings
-	kernelPath string
-	python     string
-	log        *slog.Logger
-	timing     timing
-	startWait  time.Duration // until a new kernel must be ready
+	settings  *agent.Settings
+	kernelDir string // kernel.py and the other kernels (kernelFile)
+	python    string
+	cacheDir  string
+	log       *slog.Logger
+	timing    timing
+	startWait time.Duration // until a new kernel must be ready
+	java      javaCache
 
-	mu        sync.Mutex
-	contexts  map[string]*codeContext
-	defaultID string // "" until the default context exists
-	seq       uint64
-	closed    bool
+	mu       sync.Mutex
+	contexts map[string]*codeContext
+	defaults map[string]string // language -> id of its default context
+	seq      uint64
+	closed   bool
 }
 
-// New returns an interpreter whose kernels run kernelPath (kernel.py) as
-// the settings' default user. Nothing starts until StartDefault or the
-// first request.
-func New(s *agent.Settings, kernelPath string) *Interpreter {
+// New returns an interpreter whose kernels run the kernel files in
+// kernelDir (kernelFile) as the settings' default user. Nothing starts until
+// StartDefault or the first request.
+func New(s *agent.Settings, kernelDir string) *Interpreter {
 	return &Interpreter{
-		settings:   s,
-		kernelPath: kernelPath,
-		python:     findPython(),
-		log:        slog.Default().With("component", "codeinterp"),
-		timing:     timing{keepalive: 5 * time.Second, grace: 3 * time.Second, interrupts: 3},
-		startWait:  2 * time.Minute,
-		contexts:   map[string]*codeContext{},
+		settings:  s,
+		kernelDir: kernelDir,
+		python:    findPython(),
+		cacheDir:  DefaultCacheDir,
+		log:       slog.Default().With("component", "codeinterp"),
+		timing:    timing{keepalive: 5 * time.Second, grace: 3 * time.Second, interrupts: 3},
+		startWait: 2 * time.Minute,
+		contexts:  map[string]*codeContext{},
+		defaults:  map[string]string{},
 	}
 }
 
@@ -83,7 +94,7 @@ func findPython() string {
 // StartDefault starts the default python context's kernel and waits until
 // it is ready, so the first run_code does not pay for it.
 func (i *Interpreter) StartDefault() error {
-	c, err := i.defaultContext()
+	c, err := i.defaultContext(Python)
 	if err != nil {
 		return err
 	}
@@ -109,50 +120,63 @@ func (i *Interpreter) Close() {
 	wg.Wait()
 }
 
-// defaultContext returns the default context, creating it (without a
-// kernel) in the default user's home if needed.
-func (i *Interpreter) defaultContext() (*codeContext, error) {
+// defaultContext returns lang's default context, creating it (without a
+// kernel) in the default user's home if needed. The first call creates the
+// default contexts of defaultLanguages too, so that they head the list.
+func (i *Interpreter) defaultContext(lang string) (*codeContext, error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	if i.closed {
 		return nil, errClosed
 	}
-	if c, ok := i.contexts[i.defaultID]; ok {
+	if c, ok := i.contexts[i.defaults[lang]]; ok {
 		return c, nil
 	}
 	acct, err := agent.LookupAccount(i.settings.User())
 	if err != nil {
 		return nil, fmt.Errorf("creating the default context: %w", err)
 	}
-	c := i.addLocked(acct.Home)
-	i.defaultID = c.id
-	return c, nil
+	langs := []string{lang}
+	if len(i.defaults) == 0 {
+		langs = append(slices.Clone(defaultLanguages), lang)
+	}
+	for _, l := range langs {
+		if _, ok := i.contexts[i.defaults[l]]; !ok {
+			i.defaults[l] = i.addLocked(l, acct.Home).id
+		}
+	}
+	return i.contexts[i.defaults[lang]], nil
 }
 
-func (i *Interpreter) addLocked(cwd string) *codeContext {
+func (i *Interpreter) addLocked(lang, cwd string) *codeContext {
 	i.seq++
-	c := newCodeContext(newID(), cwd, i.seq)
+	c := newCodeContext(newID(), lang, cwd, i.seq)
 	i.contexts[c.id] = c
 	return c
 }
 
-// create adds a context and starts its kernel.
-func (i *Interpreter) create(ctx context.Context, cwd string) (*codeContext, error) {
+// create adds a context of lang and starts its kernel.
+func (i *Interpreter) create(ctx context.Context, lang, cwd string) (*codeContext, error) {
+	// The default contexts exist from the start, as in E2B (only their
+	// records: no kernel), so they head the list.
+	if _, err := i.defaultContext(Python); err != nil {
+		return nil, err
+	}
+	acct, err := agent.LookupAccount(i.settings.User())
+	if err != nil {
+		return nil, err
+	}
 	if cwd == "" {
-		acct, err := agent.LookupAccount(i.settings.User())
-		if err != nil {
-			return nil, err
-		}
 		cwd = acct.Home
-	} else if st, err := os.Stat(cwd); err != nil || !st.IsDir() {
-		return nil, fmt.Errorf("cwd %q is not a directory: %w", cwd, errInvalid)
+	} else if cwd, err = checkCwd(acct, cwd); err != nil {
+		return nil, err
 	}
 	i.mu.Lock()
 	if i.closed {
 		i.mu.Unlock()
 		return nil, errClosed
 	}
-	c := i.addLocked(cwd)
+	c := i.addLocked(lang, cwd)
 	i.mu.Unlock()
 	if _, err := c.kernel(ctx, i.spawnSpec); err != nil {
 		i.remove(c.id)
@@ -174,24 +198,16 @@ func (i *Interpreter) lookup(id string) (*codeContext, error) {
 	return c, nil
 }
 
-// list returns the default context, then the others in creation order.
+// list returns the contexts in creation order: the default python and
+// javascript contexts first, as E2B lists them.
 func (i *Interpreter) list() ([]contextInfo, error) {
-	def, err := i.defaultContext()
-	if err != nil {
+	if _, err := i.defaultContext(Python); err != nil {
 		return nil, err
 	}
 	i.mu.Lock()
 	all := slices.Collect(maps.Values(i.contexts))
 	i.mu.Unlock()
-	slices.SortFunc(all, func(a, b *codeContext) int {
-		switch {
-		case a == def:
-			return -1
-		case b == def:
-			return 1
-		}
-		return cmp.Compare(a.seq, b.seq)
-	})
+	slices.SortFunc(all, func(a, b *codeContext) int { return cmp.Compare(a.seq, b.seq) })
 	infos := make([]contextInfo, len(all))
 	for n, c := range all {
 		infos[n] = c.info()
@@ -211,32 +227,42 @@ func (i *Interpreter) remove(id string) error {
 	return nil
 }
 
-// spawnSpec describes a kernel for a context in cwd, as the current default
-// user with the current sandbox-wide environment.
-func (i *Interpreter) spawnSpec(id, cwd string) (spawnSpec, error) {
+// spawnSpec describes a kernel for context c, as the current default user
+// with the current sandbox-wide environment.
+func (i *Interpreter) spawnSpec(ctx context.Context, c *codeContext) (spawnSpec, error) {
 	acct, err := agent.LookupAccount(i.settings.User())
+	if err != nil {
+		return spawnSpec{}, err
+	}
+	argv, err := i.argv(ctx, c.language)
 	if err != nil {
 		return spawnSpec{}, err
 	}
 	base := i.settings.Envs()
 	env := map[string]string{
 		"PATH": defaultPath, "HOME": acct.Home, "USER": acct.Name, "LOGNAME": acct.Name,
-		"SHELL": "/bin/bash", "LANG": "C.UTF-8", "PWD": cwd,
-		"PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg",
+		"SHELL": "/bin/bash", "LANG": "C.UTF-8", "PWD": c.cwd,
 	}
-	if v := os.Getenv(PreimportEnv); v != "" {
-		env[PreimportEnv] = v
+	spec := spawnSpec{
+		argv: argv, cwd: c.cwd, cred: credential(acct), baseEnv: base, timeout: i.startWait,
+		log: i.log.With("context.id", c.id, "context.language", c.language),
+	}
+	if c.language == Python {
+		env["PYTHONUNBUFFERED"], env["MPLBACKEND"] = "1", "Agg"
+		if v := os.Getenv(PreimportEnv); v != "" {
+			env[PreimportEnv] = v
+		}
+	} else {
+		spec.foreign, spec.mark = true, newMark()
 	}
 	maps.Copy(env, base)
-	list := make([]string, 0, len(env))
-	for k, v := range env {
-		list = append(list, k+"="+v)
+	if spec.foreign {
+		env["CELLFORK_MARK"] = spec.mark
 	}
-	return spawnSpec{
-		python: i.python, script: i.kernelPath, cwd: cwd, env: list,
-		cred: credential(acct), baseEnv: base, timeout: i.startWait,
-		log: i.log.With("context.id", id),
-	}, nil
+	for k, v := range env {
+		spec.env = append(spec.env, k+"="+v)
+	}
+	return spec, nil
 }
 
 // credential returns the credential to run as acct, or nil when that is
@@ -258,15 +284,6 @@ func credential(acct agent.Account) *syscall.Credential {
 	return cred
 }
 
-// checkLanguage accepts the languages this interpreter runs.
-func checkLanguage(lang string) error {
-	switch strings.ToLower(strings.TrimSpace(lang)) {
-	case "", "python", "python3":
-		return nil
-	}
-	return fmt.Errorf("language %q is not supported, only python is: %w", lang, errInvalid)
-}
-
 func newID() string {
 	var b [16]byte
 	rand.Read(b[:])
@@ -277,7 +294,8 @@ func newID() string {
 
 // Error classes, mapped to HTTP status in writeError.
 var (
-	errInvalid  = errors.New("invalid argument")
-	errNotFound = errors.New("not found")
-	errClosed   = errors.New("the code interpreter is shutting down")
+	errInvalid     = errors.New("invalid argument")
+	errNotFound    = errors.New("not found")
+	errClosed      = errors.New("the code interpreter is shutting down")
+	errUnavailable = errors.New("not available in this sandbox")
 )

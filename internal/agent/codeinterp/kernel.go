@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,8 +21,9 @@ import (
 
 // spawnSpec is everything a kernel process needs to start.
 type spawnSpec struct {
-	python  string // interpreter binary
-	script  string // kernel.py
+	argv    []string // kernel.py under python, or a foreign kernel (foreign.go)
+	foreign bool
+	mark    string // the end-of-cell mark of a foreign kernel's output
 	cwd     string
 	env     []string
 	cred    *syscall.Credential // nil: run as the agent's own user
@@ -30,14 +32,17 @@ type spawnSpec struct {
 	log     *slog.Logger
 }
 
-// kernel is one running kernel.py process (see kernel.py for the protocol).
-// Safe for concurrent use, but it runs one execution at a time: callers
-// serialize run through their code context.
+// kernel is one running kernel process: kernel.py (see kernel.py for its
+// protocol) or a foreign kernel (foreign.go). Safe for concurrent use, but
+// it runs one execution at a time: callers serialize run through their code
+// context.
 type kernel struct {
-	pid  int
-	cmdW *os.File // the kernel's fd 3
-	log  *slog.Logger
-	diag *tail
+	pid     int
+	cmdW    *os.File // the kernel's fd 3
+	log     *slog.Logger
+	diag    *tail
+	foreign bool
+	ready   atomic.Bool // "ready" was read: a foreign kernel's fd 1 and 2 are output
 
 	mu  sync.Mutex
 	cur *execution // receives event lines; nil between executions
@@ -71,10 +76,16 @@ var (
 	eventType = []byte(`{"type":"`)
 )
 
-// startKernel spawns kernel.py and waits until it is ready for commands.
+// startKernel spawns a kernel and waits until it is ready for commands.
 func startKernel(ctx context.Context, s spawnSpec) (*kernel, error) {
-	var pipes [6]*os.File // cmdR, cmdW, evR, evW, diagR, diagW
-	for i := 0; i < len(pipes); i += 2 {
+	// cmdR, cmdW, evR, evW, outR, outW, errR, errW (a Python kernel's fd 1
+	// and 2 share one diagnostics pipe: the last two stay nil).
+	var pipes [8]*os.File
+	n := 6
+	if s.foreign {
+		n = 8
+	}
+	for i := 0; i < n; i += 2 {
 		r, w, err := os.Pipe()
 		if err != nil {
 			closeAll(pipes[:i]...)
@@ -82,25 +93,52 @@ func startKernel(ctx context.Context, s spawnSpec) (*kernel, error) {
 		}
 		pipes[i], pipes[i+1] = r, w
 	}
-	cmdR, cmdW, evR, evW, diagR, diagW := pipes[0], pipes[1], pipes[2], pipes[3], pipes[4], pipes[5]
-	cmd := exec.Command(s.python, s.script)
+	cmdR, cmdW, evR, evW, outR, outW, errR, errW := pipes[0], pipes[1], pipes[2], pipes[3], pipes[4], pipes[5], pipes[6], pipes[7]
+	if s.foreign && s.cred != nil {
+		// R and the JVM cannot use an inherited descriptor by number: they
+		// open /proc/self/fd/3 and 4, which needs the pipes to be the
+		// kernel user's.
+		for _, f := range []*os.File{cmdR, evW} {
+			if err := f.Chown(int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+				closeAll(pipes[:n]...)
+				return nil, fmt.Errorf("giving the kernel its pipes: %w", err)
+			}
+		}
+	}
+	cmd := exec.Command(s.argv[0], s.argv[1:]...)
 	cmd.Dir, cmd.Env = s.cwd, s.env
-	cmd.Stdout, cmd.Stderr = diagW, diagW
+	cmd.Stdout, cmd.Stderr = outW, outW
+	if s.foreign {
+		cmd.Stderr = errW
+	}
 	cmd.ExtraFiles = []*os.File{cmdR, evW}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: s.cred}
 	err := agent.StartChild(cmd)
-	closeAll(cmdR, evW, diagW)
+	closeAll(cmdR, evW, outW, errW)
 	if err != nil {
-		closeAll(cmdW, evR, diagR)
-		return nil, fmt.Errorf("starting %s: %w", s.python, err)
+		closeAll(cmdW, evR, outR, errR)
+		return nil, fmt.Errorf("starting %s: %w", s.argv[0], err)
 	}
 	k := &kernel{
-		pid: cmd.Process.Pid, cmdW: cmdW, diag: &tail{}, sentEnv: maps.Clone(s.baseEnv),
+		pid: cmd.Process.Pid, cmdW: cmdW, diag: &tail{}, foreign: s.foreign,
 		waited: make(chan struct{}), diagDone: make(chan struct{}), done: make(chan struct{}),
+	}
+	if !s.foreign {
+		// kernel.py has the sandbox's variables from its environment; a
+		// foreign kernel gets them with its first command too (Java makes
+		// them system properties).
+		k.sentEnv = maps.Clone(s.baseEnv)
 	}
 	k.log = s.log.With("kernel.pid", k.pid)
 	ready := make(chan struct{})
-	go k.logDiag(diagR)
+	if s.foreign {
+		var wg sync.WaitGroup
+		wg.Go(func() { k.readOutput(outR, "stdout", []byte(s.mark)) })
+		wg.Go(func() { k.readOutput(errR, "stderr", []byte(s.mark)) })
+		go func() { wg.Wait(); close(k.diagDone) }()
+	} else {
+		go k.logDiag(outR)
+	}
 	go k.reap(cmd, evR)
 	go k.readEvents(evR, ready)
 
@@ -161,6 +199,7 @@ func (k *kernel) readEvents(evR *os.File, ready chan struct{}) {
 		}
 		if ready != nil {
 			if bytes.HasPrefix(line, readyType) {
+				k.ready.Store(true)
 				close(ready)
 				ready = nil
 			}
@@ -178,21 +217,34 @@ func (k *kernel) readEvents(evR *os.File, ready chan struct{}) {
 	// (its process group) goes with it.
 	k.kill()
 	<-k.waited
+	// What it wrote to fd 1 and 2 before it died belongs to the running
+	// execution: let the readers deliver it (they end at EOF, now that
+	// the writers are gone).
+	select {
+	case <-k.diagDone:
+	case <-time.After(time.Second):
+	}
 	k.cmdW.Close()
 }
 
-func (k *kernel) deliver(line []byte) {
+// deliver hands a line to the running execution and reports whether there
+// was one.
+func (k *kernel) deliver(line []byte) bool {
 	k.mu.Lock()
 	ex := k.cur
 	k.mu.Unlock()
 	if ex == nil {
-		return
+		return false
 	}
 	select {
 	case ex.lines <- line:
+		return true
 	case <-ex.gone:
+		return false
 	}
 }
+
+func (k *kernel) isReady() bool { return k.ready.Load() }
 
 func (k *kernel) logDiag(r *os.File) {
 	defer close(k.diagDone)
@@ -262,6 +314,14 @@ func (k *kernel) stop(timeout time.Duration) {
 // are sent only when they changed since the kernel last saw them.
 func (k *kernel) command(code string, sandboxEnv, env map[string]string) ([]byte, error) {
 	k.seq++
+	if k.foreign {
+		var send map[string]string
+		if !maps.Equal(sandboxEnv, k.sentEnv) {
+			send = sandboxEnv
+			k.sentEnv = sandboxEnv
+		}
+		return frameCommand(k.seq, code, send, env), nil
+	}
 	cmd := struct {
 		ID     uint64            `json:"id"`
 		Code   string            `json:"code"`
@@ -301,14 +361,25 @@ func (k *kernel) run(ctx context.Context, command []byte, out *ndjson, t timing)
 	tick := time.NewTicker(t.keepalive)
 	defer tick.Stop()
 	cancelled := ctx.Done()
-	var escalate <-chan time.Time
+	var escalate, markWait <-chan time.Time
 	interrupts := 0
+	var st runState
 	for {
 		select {
 		case line := <-ex.lines:
-			if k.forward(line, ex, out) {
+			k.forward(line, ex, out, &st)
+			if st.finished(k.foreign) {
 				return
 			}
+			if st.done && markWait == nil {
+				markWait = time.After(markTimeout)
+			}
+		case <-markWait:
+			// Its output is broken (a cell closed its fd 1 or 2): a late
+			// mark must not end the next execution early.
+			k.log.Warn("kernel did not mark the end of its output; killing it", "marks", st.marks)
+			k.kill()
+			return
 		case <-k.done:
 			k.lostKernel(ex, out)
 			return
@@ -324,22 +395,41 @@ func (k *kernel) run(ctx context.Context, command []byte, out *ndjson, t timing)
 	}
 }
 
+// runState is how far an execution got.
+type runState struct {
+	done  bool // the kernel said "done"
+	marks int  // marks read from a foreign kernel's fd 1 and 2
+}
+
+// finished reports whether the execution is over: "done", and for a
+// foreign kernel the marks of both output streams.
+func (st runState) finished(foreign bool) bool {
+	return st.done && (!foreign || st.marks >= 2)
+}
+
 // forward writes line and the lines already waiting behind it in one
-// flush. It reports whether the kernel said "done" (the caller's
-// end_of_execution then flushes what was buffered).
-func (k *kernel) forward(line []byte, ex *execution, out *ndjson) (done bool) {
+// flush, until the execution is finished (the caller's end_of_execution
+// then flushes what was buffered).
+func (k *kernel) forward(line []byte, ex *execution, out *ndjson, st *runState) {
 	for {
-		if bytes.HasPrefix(line, doneType) {
-			return true
+		switch {
+		case bytes.HasPrefix(line, doneType):
+			st.done = true
+		case len(line) > 0 && line[0] == 0: // a mark
+			st.marks++
+		default:
+			out.event(line)
 		}
-		out.event(line)
+		if st.finished(k.foreign) {
+			return
+		}
 		select {
 		case line = <-ex.lines:
 			continue
 		default:
 		}
 		out.flush()
-		return false
+		return
 	}
 }
 
@@ -361,7 +451,7 @@ func (k *kernel) lostKernel(ex *execution, out *ndjson) {
 	for {
 		select {
 		case line := <-ex.lines:
-			if !bytes.HasPrefix(line, doneType) {
+			if !bytes.HasPrefix(line, doneType) && len(line) > 0 && line[0] != 0 {
 				out.event(line)
 			}
 			continue

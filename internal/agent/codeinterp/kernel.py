@@ -21,6 +21,10 @@ SIGINT interrupts the running cell (KeyboardInterrupt) and is ignored between
 cells; the agent sends it to the kernel's process group.
 CELLFORK_PREIMPORT="numpy,pandas,matplotlib.pyplot" imports those modules
 before "ready", so a warm template pays for them once.
+
+Cells run as plain Python (with IPython's handling of an indented cell)
+until one needs IPython; results are formatted as Jupyter's, with E2B's
+additions: see kernel_rich.py, loaded from beside this file.
 """
 
 import ast
@@ -68,6 +72,8 @@ class _State:
 
 
 _MAIN = threading.get_ident()
+_rich = None  # kernel_rich.py, loaded by main
+_OWN_FILES = {__file__}  # frames of these files are left out of tracebacks
 
 
 def _on_sigint(signum, frame):
@@ -404,189 +410,6 @@ def _setup_output():
     builtins.print = _print
 
 
-# ---- rich results -------------------------------------------------------------
-
-_MIME_KEYS = {
-    "text/plain": "text",
-    "text/html": "html",
-    "text/markdown": "markdown",
-    "image/svg+xml": "svg",
-    "image/png": "png",
-    "image/jpeg": "jpeg",
-    "application/pdf": "pdf",
-    "text/latex": "latex",
-    "application/json": "json",
-    "application/javascript": "javascript",
-    "e2b/data": "data",
-    "e2b/chart": "chart",
-}
-_REPR_METHODS = (
-    ("_repr_html_", "text/html"),
-    ("_repr_markdown_", "text/markdown"),
-    ("_repr_svg_", "image/svg+xml"),
-    ("_repr_png_", "image/png"),
-    ("_repr_jpeg_", "image/jpeg"),
-    ("_repr_pdf_", "application/pdf"),
-    ("_repr_latex_", "text/latex"),
-    ("_repr_json_", "application/json"),
-    ("_repr_javascript_", "application/javascript"),
-)
-_BINARY = ("image/png", "image/jpeg", "application/pdf")
-_PLAIN = frozenset((int, float, complex, bool, str, bytes, list, tuple, dict, set, frozenset, range))
-_OBJECT_KEYS = ("json", "data", "chart")
-
-
-def _method(obj, name):
-    """A formatter method of obj, distrusting objects that claim every name."""
-    try:
-        method = getattr(obj, name, None)
-        if not callable(method):
-            return None
-        if callable(getattr(obj, "_cellfork_canary_method_should_not_exist_", None)):
-            return None
-        return method
-    except Exception:
-        return None
-
-
-def _call_repr(method, *args, **kwargs):
-    try:
-        data = method(*args, **kwargs)
-    except Exception as exc:
-        sys.stderr.write("display formatter %s failed: %r\n" % (getattr(method, "__name__", "?"), exc))
-        return None
-    if isinstance(data, tuple) and len(data) == 2:
-        data = data[0]  # (data, metadata)
-    return data
-
-
-def _is_figure(obj):
-    figure = sys.modules.get("matplotlib.figure")
-    return figure is not None and isinstance(obj, figure.Figure)
-
-
-def _figure_png(fig):
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    return buf.getvalue()
-
-
-def _mimebundle(obj):
-    if type(obj) in _PLAIN:
-        return {"text/plain": repr(obj)}
-    bundle = {}
-    if not isinstance(obj, type):
-        method = _method(obj, "_repr_mimebundle_")
-        if method is not None:
-            data = _call_repr(method, include=None, exclude=None)
-            if isinstance(data, dict):
-                bundle.update(data)
-        for attr, mime in _REPR_METHODS:
-            if mime not in bundle:
-                method = _method(obj, attr)
-                data = None if method is None else _call_repr(method)
-                if data is not None:
-                    bundle[mime] = data
-        if "image/png" not in bundle and _is_figure(obj):
-            bundle["image/png"] = _figure_png(obj)
-    if "text/plain" not in bundle:
-        bundle["text/plain"] = repr(obj)
-    return bundle
-
-
-def _jsonable(data):
-    try:
-        _encode(data)
-        return True
-    except (TypeError, ValueError):
-        return False
-
-
-def _result_event(bundle, main):
-    event = {"type": "result"}
-    extra = {}
-    for mime, data in bundle.items():
-        if data is None:
-            continue
-        if mime in _BINARY and isinstance(data, (bytes, bytearray)):
-            data = base64.b64encode(data).decode()
-        key = _MIME_KEYS.get(mime)
-        if key is None:
-            if _jsonable(data):
-                extra[mime] = data
-        elif key in _OBJECT_KEYS:
-            if _jsonable(data):
-                event[key] = data
-        else:
-            if not isinstance(data, str):
-                data = str(data)
-            if key == "text" and len(data) >= 2 and data[0] == "'" and data[-1] == "'":
-                data = data[1:-1]  # as upstream: a str result shows without quotes
-            event[key] = data
-    if extra:
-        event["extra"] = extra
-    event["is_main_result"] = main
-    return event
-
-
-def _display(obj, main, shown=None):
-    if shown is not None and _is_figure(obj):
-        shown.add(id(obj))
-    _emit(_result_event(_mimebundle(obj), main))
-
-
-def display(*objs, **kwargs):
-    """Shows objects as results of the running cell (like IPython's display)."""
-    for obj in objs:
-        _display(obj, False)
-
-
-def _flush_figures(shown=()):
-    """Displays the pyplot figures still open after a cell, then closes them."""
-    plt = sys.modules.get("matplotlib.pyplot")
-    if plt is None:
-        return
-    try:
-        for num in plt.get_fignums():
-            fig = plt.figure(num)
-            if id(fig) not in shown:
-                _display(fig, False)
-    finally:
-        plt.close("all")
-
-
-def _pyplot_show(*args, **kwargs):
-    _flush_figures()
-
-
-class _PyplotHook:
-    """Import hook: once matplotlib.pyplot loads, plt.show() displays the
-    figures as results instead of warning that Agg cannot show them."""
-
-    busy = False
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "matplotlib.pyplot" or self.busy:
-            return None
-        import importlib.util
-
-        self.busy = True
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            self.busy = False
-        if spec is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_patch(module):
-            exec_module(module)
-            module.show = _pyplot_show
-
-        spec.loader.exec_module = exec_and_patch
-        return spec
-
-
 # ---- execution ---------------------------------------------------------------
 
 
@@ -625,23 +448,32 @@ def _compile(code, filename):
 
 
 def _run_cell(code, n, ns):
+    """Runs a cell as plain Python, or through IPython once the kernel
+    needs it (see kernel_rich.py)."""
+    code = _rich.clean_cell(code)
+    if _rich.active() or _rich.wants_ipython(code):
+        return _rich.run_ipython(code)
     filename = "<cell-%d>" % n
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-    body, last = _compile(code, filename)
+    try:
+        body, last = _compile(code, filename)
+    except SyntaxError:
+        if not _rich.ipython_syntax(code):
+            raise
+        return _rich.run_ipython(code)
     if body is not None:
         _run_code(body, ns)
-    shown = set()
     if last is not None:
         value = _run_code(last, ns)
         if value is not None:
             ns["_"] = value
-            _display(value, True, shown)
-    _flush_figures(shown)
+            _rich.show(value, True)
+    _rich.flush_figures()
 
 
 def _error_event(exc):
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
         tb = tb.tb_next  # hide the kernel's own frames
     try:
         value = str(exc)
@@ -719,7 +551,7 @@ def _setup_namespace():
     main = types.ModuleType("__main__")
     main.__builtins__ = builtins
     sys.modules["__main__"] = main
-    builtins.display = display
+    builtins.display = _rich.display
     sys.argv = [""]
     sys.path[0] = ""  # import from the working directory, as in a notebook
     return main.__dict__
@@ -736,8 +568,23 @@ def _preimport():
             _diag.write("kernel: pre-importing %s: %r\n" % (name, exc))
 
 
+def _load_rich():
+    """Loads kernel_rich.py from beside this file."""
+    global _rich
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_rich.py")
+    spec = importlib.util.spec_from_file_location("_cellfork_rich", path)
+    _rich = importlib.util.module_from_spec(spec)
+    sys.modules["_cellfork_rich"] = _rich
+    spec.loader.exec_module(_rich)
+    _rich.emit = _emit
+    _OWN_FILES.add(path)
+
+
 def main():
     global _diag
+    _load_rich()
     for fd in (CMD_FD, EVT_FD):
         os.set_inheritable(fd, False)
         os.set_blocking(fd, True)
@@ -748,7 +595,7 @@ def main():
     signal.signal(signal.SIGINT, _on_sigint)
     os._exit = _exit
     os.register_at_fork(after_in_child=_after_fork_in_child)
-    sys.meta_path.insert(0, _PyplotHook())
+    sys.meta_path.insert(0, _rich.ImportHook())
     threading.Thread(target=_capture_loop, name="cellfork-capture", daemon=True).start()
     _preimport()
     _emit({"type": "ready", "pid": os.getpid()})

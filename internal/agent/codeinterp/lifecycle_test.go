@@ -51,7 +51,8 @@ func TestContexts(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &list); status != 200 || err != nil {
 		t.Fatalf("GET /contexts: %d %s", status, body)
 	}
-	if len(list) != 3 || list[1] != a || list[2] != b {
+	// The default python and javascript contexts come first, as in E2B.
+	if len(list) != 4 || list[0].Language != "python" || list[1].Language != "javascript" || list[2] != a || list[3] != b {
 		t.Fatalf("list = %+v", list)
 	}
 
@@ -88,7 +89,7 @@ func TestRequestErrors(t *testing.T) {
 	}{
 		{"both", "POST", "/execute", map[string]any{"code": "1", "context_id": "x", "language": "python"}, 400, "mutually exclusive"},
 		{"unknown context", "POST", "/execute", map[string]any{"code": "1", "context_id": "nope"}, 404, "nope"},
-		{"unknown language", "POST", "/execute", map[string]any{"code": "1", "language": "javascript"}, 400, "only python"},
+		{"unknown language", "POST", "/execute", map[string]any{"code": "1", "language": "cobol"}, 400, `language "cobol" is not supported`},
 		{"bad json", "POST", "/execute", "not an object", 400, "decoding"},
 		{"no body", "POST", "/execute", nil, 400, "code is required"},
 		{"no code", "POST", "/execute", map[string]any{"language": "python"}, 400, "code is required"},
@@ -97,9 +98,10 @@ func TestRequestErrors(t *testing.T) {
 		{"env name with =", "POST", "/execute", map[string]any{"code": "1", "env_vars": map[string]any{"A=B": "1"}}, 400, "invalid environment variable"},
 		{"env value with NUL", "POST", "/execute", map[string]any{"code": "1", "env_vars": map[string]any{"A": "x\x00y"}}, 400, "invalid environment variable"},
 		{"create null", "POST", "/contexts", json.RawMessage(`null`), 400, "not null"},
-		{"create js", "POST", "/contexts", map[string]any{"language": "r"}, 400, "only python"},
-		{"create bad cwd", "POST", "/contexts", map[string]any{"cwd": "/does/not/exist"}, 400, "not a directory"},
-		{"health", "GET", "/health", nil, 204, ""},
+		{"create unknown language", "POST", "/contexts", map[string]any{"language": "cobol"}, 400, "supported: python, javascript, typescript, r, java, bash"},
+		{"create bad cwd", "POST", "/contexts", map[string]any{"cwd": "/does/not/exist"}, 400, "does not exist"},
+		{"create cwd a file", "POST", "/contexts", map[string]any{"cwd": "/etc/passwd"}, 400, "not a directory"},
+		{"health", "GET", "/health", nil, 200, `"OK"`},
 	}
 	for _, c := range cases {
 		status, body := h.do(c.method, c.path, c.body)
@@ -111,6 +113,7 @@ func TestRequestErrors(t *testing.T) {
 
 func TestStreamingIsLive(t *testing.T) {
 	h := newHarness(t, "", nil)
+	noError(t, h.run("None")) // the kernel's start is not the cell's
 	start := time.Now()
 	var firstAt, partialAt time.Duration
 	resp := h.post(context.Background(), "/execute", map[string]any{

@@ -30,6 +30,7 @@ from ._config import CODE_INTERPRETER_PORT, ENVD_PORT, Config
 from ._envelope import encode_envelope
 from ._exceptions import (
     CellforkError,
+    InvalidArgumentError,
     ProtocolError,
     error_from_response,
     error_from_status,
@@ -708,12 +709,15 @@ class SandboxCore(ApiCore):
         envs: Mapping[str, str] | None,
         timeout: float | None,
         request_timeout: float | None,
+        language: str | None = None,
     ) -> RequestSpec:
+        if context is not None and language:
+            raise InvalidArgumentError("give a context or a language, not both")
         context_id = context.id if isinstance(context, Context) else context
         body = {
             "code": code,
             "context_id": context_id,
-            "language": None,
+            "language": language or None,
             "env_vars": dict(envs) if envs else None,
         }
         rt = _pick_timeout(request_timeout, self.config.request_timeout)

@@ -427,16 +427,19 @@ class AsyncSandbox:
         timeout: float | None = None,
         context: Context | str | None = None,
         *,
+        language: str | None = None,
         request_timeout: float | None = None,
     ) -> Execution:
-        """Run ``code`` in the sandbox's Jupyter kernel (or in ``context``).
+        """Run ``code`` in the sandbox's Python kernel, in the default context
+        of ``language`` (python, javascript, typescript, r, java, bash), or in
+        ``context`` (not both).
 
         Callbacks fire as output streams in. An exception in the code is
         returned as ``Execution.error``, not raised. ``timeout`` bounds the
         whole execution (default 300 s, 0 = none).
         """
         deadline_s = normalize_timeout(timeout, DEFAULT_RUN_CODE_TIMEOUT)
-        spec = self._core.execute_request(code, context, envs, deadline_s, request_timeout)
+        spec = self._core.execute_request(code, context, envs, deadline_s, request_timeout, language)
         acc = ExecutionAccumulator(on_stdout=on_stdout, on_stderr=on_stderr,
                                    on_result=on_result, on_error=on_error)
         decoder = NDJSONDecoder()

@@ -350,3 +350,29 @@ async def test_async_lineage(client_kwargs, run_tag, made):
     assert await AsyncSandbox.delete_snapshot(snap, **client_kwargs) is False
     for s in (sb, restored, child):
         await s.close()
+
+
+def test_fork_and_rollback_keep_every_language_kernel(make, made):
+    # Kernels of the other languages are processes like the rest: a fork
+    # child and a rollback get their state too.
+    sb = make()
+    cells = {
+        "javascript": ("let cf_v = 'js-state'", "cf_v"),
+        "r": ("cf_v <- 'r-state'", "cat(cf_v)"),
+        "bash": ("CF_V=bash-state", "echo -n $CF_V"),
+    }
+
+    def shown(s: Sandbox, lang: str) -> str:
+        ex = s.run_code(cells[lang][1], language=lang, timeout=120)
+        assert ex.error is None, (lang, ex.error)
+        return ex.text if ex.text is not None else "".join(ex.logs.stdout)
+
+    for lang, (set_code, _) in cells.items():
+        assert sb.run_code(set_code, language=lang, timeout=120).error is None
+    snap = made(sb.snapshot())
+    child = made(sb.fork(1, timeout=120)[0])
+    for lang in cells:
+        assert shown(child, lang) == f"{'js' if lang == 'javascript' else lang}-state"
+    sb.run_code("cf_v = 'changed'", language="javascript")
+    sb.rollback(snap)
+    assert shown(sb, "javascript") == "js-state"

@@ -116,3 +116,17 @@ def test_timeout(sandbox):
     with pytest.raises(TimeoutError):
         sandbox.run_code("import time; time.sleep(8)", timeout=1)
     assert time.monotonic() - t0 < 20
+
+
+def test_languages(sandbox):
+    # language= picks that language's default context, as in E2B's SDK.
+    assert sandbox.run_code("1 + 1", language="js").text == "2"
+    assert "".join(sandbox.run_code("echo $((6 * 7))", language="bash").logs.stdout) == "42\n"
+    ctx = sandbox.create_code_context(language="typescript")
+    try:
+        assert ctx.language == "typescript"
+        assert sandbox.run_code("const n: number = 41; n + 1", context=ctx).text == "42"
+    finally:
+        sandbox.remove_code_context(ctx)
+    languages = [c.language for c in sandbox.list_code_contexts()]
+    assert languages[:2] == ["python", "javascript"] and "bash" in languages

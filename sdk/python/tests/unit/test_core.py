@@ -7,6 +7,7 @@ import struct
 import httpx
 import pytest
 
+from cellfork import InvalidArgumentError
 from cellfork._config import DEFAULT_URL, resolve_config
 from cellfork._core import (
     ApiCore,
@@ -183,6 +184,10 @@ def test_execute_request_body_and_timeouts():
     plain = core.execute_request("1", None, None, None, None)
     assert plain.json["context_id"] is None and plain.json["env_vars"] is None
     assert plain.timeout.read is None
+    js = core.execute_request("1", None, None, None, None, "js")
+    assert js.json["language"] == "js" and js.json["context_id"] is None
+    with pytest.raises(InvalidArgumentError):
+        core.execute_request("1", Context(id="c1"), None, None, None, "r")
 
 
 def test_context_requests():
