@@ -211,21 +211,28 @@ func TestUploadErrors(t *testing.T) {
 	wantAPIError(t, res, b, 400)
 }
 
-func TestUploadRelativePathIsRefused(t *testing.T) {
+// TestUploadRelativePath: relative paths (and ~/) are the user's home's,
+// for uploads (octet-stream and multipart) and downloads.
+func TestUploadRelativePath(t *testing.T) {
 	e := newEnv(t)
-	res, b := e.do("POST", "/files", url.Values{"path": {"rel/f.txt"}}, strings.NewReader("rel"), http.Header{"Content-Type": {"application/octet-stream"}})
-	wantAPIError(t, res, b, 400)
-	if !strings.Contains(string(b), "absolute") {
-		t.Fatalf("message does not say what to do: %s", b)
-	}
 	rel := fmt.Sprintf(".cellfork-envd-test-%d/f.txt", os.Getpid())
 	t.Cleanup(func() { _ = os.RemoveAll(filepath.Join("/root", filepath.Dir(rel))) })
-	res, b = e.do("POST", "/files", url.Values{"path": {"~/" + rel}}, strings.NewReader("rel"), http.Header{"Content-Type": {"application/octet-stream"}})
+	res, b := e.do("POST", "/files", url.Values{"path": {rel}}, strings.NewReader("rel"), http.Header{"Content-Type": {"application/octet-stream"}})
 	if res.StatusCode != 200 || decodeWritten(t, b)[0].Path != filepath.Join("/root", rel) {
-		t.Fatalf("~/ upload: %d %s", res.StatusCode, b)
+		t.Fatalf("relative upload: %d %s", res.StatusCode, b)
 	}
 	res, b = e.do("GET", "/files", url.Values{"path": {"~/" + rel}}, nil, nil)
 	if res.StatusCode != 200 || string(b) != "rel" {
+		t.Fatalf("%d %q", res.StatusCode, b)
+	}
+	other := filepath.Join(filepath.Dir(rel), "g.txt")
+	ct, body := multipartBody(t, map[string]string{other: "multi"}, []string{other})
+	res, b = e.do("POST", "/files", nil, body, http.Header{"Content-Type": {ct}})
+	if res.StatusCode != 200 || decodeWritten(t, b)[0].Path != filepath.Join("/root", other) {
+		t.Fatalf("relative multipart upload: %d %s", res.StatusCode, b)
+	}
+	res, b = e.do("GET", "/files", url.Values{"path": {other}}, nil, nil)
+	if res.StatusCode != 200 || string(b) != "multi" {
 		t.Fatalf("%d %q", res.StatusCode, b)
 	}
 }
