@@ -158,7 +158,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 			out[i].Error = &apitypes.ForkError{Code: status, Message: msg}
 			continue
 		}
-		sb := s.sandboxJSON(res.Sandbox)
+		sb := s.sandboxJSON(r, res.Sandbox)
 		out[i].Sandbox = &sb
 	}
 	writeJSON(w, http.StatusCreated, out)
@@ -179,7 +179,7 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+	writeJSON(w, http.StatusOK, s.sandboxJSON(r, sb))
 }
 
 func (s *Server) merge(w http.ResponseWriter, r *http.Request) {
@@ -197,5 +197,5 @@ func (s *Server) merge(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+	writeJSON(w, http.StatusOK, s.sandboxJSON(r, sb))
 }

@@ -2,9 +2,7 @@ package api
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -85,21 +83,30 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 	}
 	// E2B's lifecycle.autoResume: a request the sandbox would take wakes
 	// it (for the default lifetime); /health never does.
-	wake := func(sb *sandbox.Sandbox) bool { return r.URL.Path != "/health" && s.checkAccess(r, t, sb) == "" }
+	wake := func(sb *sandbox.Sandbox) bool { return r.URL.Path != "/health" && s.checkAccess(r, t, sb) == nil }
 	ep, err := s.m.Endpoint(r.Context(), t.sandboxID, wake)
 	if errors.Is(err, errdefs.ErrUnavailable) {
 		proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, errdefs.UserMessage(err))
 		return
 	}
 	if err != nil {
-		// The SDKs key on "was not found"; the detail says why (paused,
-		// or died: out of memory).
-		proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox was not found: "+errdefs.UserMessage(err))
+		// The SDKs key on "was not found", and for a sandbox that does
+		// not exist E2B says just that; otherwise the detail says why
+		// (paused, or died: out of memory).
+		msg := "The sandbox was not found"
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			msg += ": " + errdefs.UserMessage(err)
+		}
+		proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, msg)
 		return
 	}
 	tr, sb, alive := ep.Transport, ep.Sandbox, ep.Alive
-	if msg := s.checkAccess(r, t, sb); msg != "" {
-		proxyError(w, reqID, t.sandboxID, http.StatusUnauthorized, msg)
+	if d := s.checkAccess(r, t, sb); d != nil {
+		if d.envd {
+			writeEnvdError(w, d.status, d.msg)
+		} else {
+			proxyError(w, reqID, t.sandboxID, d.status, d.msg)
+		}
 		return
 	}
 	// Close the request body before returning, whatever the upstream read
@@ -177,62 +184,53 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 	rp.ServeHTTP(w, r)
 }
 
-// checkAccess enforces the sandbox's tokens and returns "" when allowed.
+// denial is why a data-plane request is refused.
+type denial struct {
+	status int
+	msg    string
+	envd   bool // answered as envd does ({"code", "message"})
+}
+
+// checkAccess enforces the sandbox's tokens and returns nil when allowed.
 // envd and the code interpreter need the envd access token (X-Access-Token)
 // or the traffic token; /files also accepts a signed URL; /health is open.
 // User ports are public unless the sandbox was created with
-// allowPublicTraffic false: then they need the traffic token, as on E2B.
-func (s *Server) checkAccess(r *http.Request, t target, sb *sandbox.Sandbox) string {
+// allowPublicTraffic false: then they need the traffic token (403, as on
+// E2B).
+func (s *Server) checkAccess(r *http.Request, t target, sb *sandbox.Sandbox) *denial {
 	if t.port != envd.Port && t.port != envd.CodeInterpreterPort {
 		if sb.Network.AllowPublicTraffic {
-			return ""
+			return nil
 		}
-		if v := r.Header.Get("E2b-Traffic-Access-Token"); v != "" && subtle.ConstantTimeCompare([]byte(v), []byte(sb.AccessToken)) == 1 {
-			return ""
+		const h = "e2b-traffic-access-token"
+		v := r.Header.Get(h)
+		switch {
+		case v == "":
+			return &denial{status: http.StatusForbidden, msg: "Sandbox is secured with traffic access token. Token header '" + h + "' is missing"}
+		case subtle.ConstantTimeCompare([]byte(v), []byte(sb.AccessToken)) != 1:
+			return &denial{status: http.StatusForbidden, msg: "Sandbox is secured with traffic access token. Provided token in header '" + h + "' is invalid"}
 		}
-		return "this sandbox's ports are private: send its trafficAccessToken in the E2B-Traffic-Access-Token header"
+		return nil
 	}
 	if r.URL.Path == "/health" {
-		return ""
+		return nil
 	}
 	for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token"} {
 		if v := r.Header.Get(h); v != "" && subtle.ConstantTimeCompare([]byte(v), []byte(sb.AccessToken)) == 1 {
-			return ""
+			return nil
 		}
+	}
+	if r.Header.Get("X-Access-Token") != "" {
+		// A wrong token is refused even beside a signature, as envd does.
+		return &denial{status: http.StatusUnauthorized, msg: "invalid access token"}
 	}
 	if t.port == envd.Port && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
-		return checkSignature(r, sb.AccessToken)
-	}
-	if r.Header.Get("X-Access-Token") == "" {
-		return "missing access token: send the sandbox's envdAccessToken in X-Access-Token"
-	}
-	return "invalid access token"
-}
-
-// checkSignature verifies an E2B signed file URL (spec §4.1).
-func checkSignature(r *http.Request, token string) string {
-	q := r.URL.Query()
-	op := "read"
-	if r.Method == http.MethodPost {
-		op = "write"
-	}
-	payload := fmt.Sprintf("%s:%s:%s:%s", q.Get("path"), op, q.Get("username"), token)
-	if exp := q.Get("signature_expiration"); exp != "" {
-		n, err := strconv.ParseInt(exp, 10, 64)
-		if err != nil {
-			return "invalid signature_expiration"
+		if msg := checkSignature(r, sb.AccessToken); msg != "" {
+			return &denial{status: http.StatusUnauthorized, msg: msg, envd: true}
 		}
-		if time.Now().Unix() > n {
-			return "signature expired"
-		}
-		payload += ":" + exp
+		return nil
 	}
-	sum := sha256.Sum256([]byte(payload))
-	want := "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
-	if subtle.ConstantTimeCompare([]byte(q.Get("signature")), []byte(want)) != 1 {
-		return "invalid signature"
-	}
-	return ""
+	return &denial{status: http.StatusUnauthorized, msg: "missing access token: send the sandbox's envdAccessToken in X-Access-Token"}
 }
 
 // CheckToken checks a data-plane request to an agent port (envd, the code
@@ -242,5 +240,8 @@ func CheckToken(r *http.Request, port int, token string) string {
 	if port != envd.Port && port != envd.CodeInterpreterPort {
 		return "" // a user port: its sandbox decides (allowPublicTraffic)
 	}
-	return (&Server{}).checkAccess(r, target{port: port}, &sandbox.Sandbox{AccessToken: token, Network: sandbox.Network{AllowPublicTraffic: true}})
+	if d := (&Server{}).checkAccess(r, target{port: port}, &sandbox.Sandbox{AccessToken: token, Network: sandbox.Network{AllowPublicTraffic: true}}); d != nil {
+		return d.msg
+	}
+	return ""
 }
