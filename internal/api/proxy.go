@@ -181,7 +181,31 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 	// body once the response starts, and the transport then drops the
 	// upstream connection mid-response.
 	_ = http.NewResponseController(w).EnableFullDuplex()
+	defer resetOnAbort(w)
 	rp.ServeHTTP(w, r)
+}
+
+// resetOnAbort resets the client's connection when the response was cut
+// short (the reverse proxy aborts with http.ErrAbortHandler: the sandbox's
+// box went away mid-stream, or the upstream failed). Over HTTP/1.1 a clean
+// close in the middle of a chunked body reads as the server's protocol
+// error; a reset reads as the dropped connection it is, as an HTTP/2
+// stream reset does on E2B, and that is what the SDKs check the sandbox's
+// health on (and then say it was killed). Deferred by the handler.
+func resetOnAbort(w http.ResponseWriter) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	if v == http.ErrAbortHandler {
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			if c, ok := conn.(interface{ SetLinger(int) error }); ok {
+				_ = c.SetLinger(0)
+			}
+			_ = conn.Close()
+		}
+	}
+	panic(v)
 }
 
 // denial is why a data-plane request is refused.
