@@ -38,6 +38,7 @@ type dirWatcher struct {
 	errs         chan error     // at most one error
 	stop         chan struct{}
 	stopOnce     sync.Once
+	barrierRoot  string   // the agent's barrier directories, never reported
 	barrier      *barrier // nil when the agent has no barrier directory
 }
 
@@ -51,7 +52,8 @@ type watchItem struct {
 type watchOptions struct {
 	path                                  string
 	recursive, includeEntry, allowNetwork bool
-	polled                                bool // CreateWatcher's: polls need barriers
+	polled                                bool   // CreateWatcher's: polls need barriers
+	barrierRoot                           string // watchBarrierRoot
 }
 
 func newDirWatcher(o watchOptions) (*dirWatcher, error) {
@@ -83,8 +85,9 @@ func newDirWatcher(o watchOptions) (*dirWatcher, error) {
 		_ = w.Close()
 		return nil, fmt.Errorf("watching %s: %w", o.path, err)
 	}
-	if o.polled {
-		d.barrier = newBarrier(watchBarrierRoot, w) // nil if it cannot be made
+	d.barrierRoot = o.barrierRoot
+	if o.polled && o.barrierRoot != "" {
+		d.barrier = newBarrier(o.barrierRoot, w) // nil if it cannot be made
 	}
 	if o.recursive {
 		d.addTree(o.path, false)
@@ -111,7 +114,7 @@ func (d *dirWatcher) addTree(dir string, announce bool) {
 		if err != nil || p == dir {
 			return nil
 		}
-		if isBarrierPath(p) {
+		if d.isBarrierPath(p) {
 			return filepath.SkipDir
 		}
 		if announce {
@@ -152,7 +155,7 @@ func (d *dirWatcher) run() {
 }
 
 func (d *dirWatcher) handle(ev fsnotify.Event) {
-	if isBarrierPath(ev.Name) {
+	if d.isBarrierPath(ev.Name) {
 		// The agent's own: never reported. This watcher's barrier says
 		// that every event before it was handled.
 		if n, ok := d.barrier.reached(ev); ok {
@@ -261,6 +264,7 @@ func (s *fsService) openWatcher(h http.Header, o watchOptions) (*dirWatcher, err
 		return nil, err
 	}
 	o.path = path
+	o.barrierRoot = watchBarrierRoot
 	return newDirWatcher(o)
 }
 

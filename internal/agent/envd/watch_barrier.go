@@ -13,7 +13,8 @@ import (
 )
 
 // watchBarrierRoot holds one directory per polling watcher, where the
-// agent makes barriers. Only root can enter it.
+// agent makes barriers. Only root can enter it. Read when a watcher is
+// made (tests point it elsewhere before starting their agent).
 var watchBarrierRoot = "/run/cellfork-agent/watch"
 
 // barrierWait bounds how long a poll waits for its barrier.
@@ -84,6 +85,6 @@ func (b *barrier) remove() {
 
 // isBarrierPath reports whether p is in the agent's barrier directories,
 // whose events no watcher reports (a recursive watch of / sees them).
-func isBarrierPath(p string) bool {
-	return p == watchBarrierRoot || strings.HasPrefix(p, watchBarrierRoot+"/")
+func (d *dirWatcher) isBarrierPath(p string) bool {
+	return d.barrierRoot != "" && (p == d.barrierRoot || strings.HasPrefix(p, d.barrierRoot+"/"))
 }

@@ -158,13 +158,15 @@ func TestPollingWatcher(t *testing.T) {
 // TestPollSeesPrecedingWrite: a poll that follows a write answers with the
 // write's events, every time (the poll drains what the kernel queued).
 func TestPollSeesPrecedingWrite(t *testing.T) {
-	e := newEnv(t)
-	// The barriers inside the watched tree: they must not show.
-	root := watchBarrierRoot
-	watchBarrierRoot = filepath.Join(e.dir, ".barriers")
+	// The barriers inside the watched tree: they must not show. Set before
+	// the agent starts and restored after it stopped (cleanups run last
+	// first).
+	root, dir := watchBarrierRoot, t.TempDir()
+	watchBarrierRoot = filepath.Join(dir, ".barriers")
 	t.Cleanup(func() { watchBarrierRoot = root })
+	e := newEnv(t)
 	ctx := ctxTimeout(t, 60*time.Second)
-	res, err := e.fs.CreateWatcher(ctx, connect.NewRequest(&filesystem.CreateWatcherRequest{Path: e.dir, Recursive: true}))
+	res, err := e.fs.CreateWatcher(ctx, connect.NewRequest(&filesystem.CreateWatcherRequest{Path: dir, Recursive: true}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +184,7 @@ func TestPollSeesPrecedingWrite(t *testing.T) {
 	}
 	for i := range 200 {
 		name := fmt.Sprintf("f%d", i)
-		mustWrite(t, filepath.Join(e.dir, name), "x")
+		mustWrite(t, filepath.Join(dir, name), "x")
 		keys := get()
 		if !slices.Contains(keys, "EVENT_TYPE_WRITE "+name) {
 			t.Fatalf("write %d: the poll right after it answered %v", i, keys)
