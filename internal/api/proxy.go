@@ -91,10 +91,10 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 	}
 	if err != nil {
 		// The SDKs key on "was not found", and for a sandbox that does
-		// not exist E2B says just that; otherwise the detail says why
-		// (paused, or died: out of memory).
+		// not exist (or was killed) E2B says just that; otherwise the
+		// detail says why (paused, or died: out of memory).
 		msg := "The sandbox was not found"
-		if !errors.Is(err, errdefs.ErrNotFound) {
+		if !errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, sandbox.ErrDied) {
 			msg += ": " + errdefs.UserMessage(err)
 		}
 		proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, msg)
