@@ -27,15 +27,17 @@ func (s *Server) domain(r *http.Request) *string {
 		d := s.cfg.Domain
 		return &d
 	}
-	d := requestDomain(r.Host)
+	d := RequestDomain(r.Host)
 	if d == "" {
 		return nil
 	}
 	return &d
 }
 
-// requestDomain derives the domain from a Host header ("" if it has none).
-func requestDomain(host string) string {
+// RequestDomain derives the sandbox domain from the Host a request reached
+// ("" if it has none): a loopback address is "localhost", the port stays.
+// The gateway answers the same way when its region has no domain.
+func RequestDomain(host string) string {
 	if host == "" {
 		return ""
 	}

@@ -21,8 +21,8 @@ func TestRequestDomain(t *testing.T) {
 		"10.1.2.3:3000":          "10.1.2.3:3000",
 		"":                       "",
 	} {
-		if got := requestDomain(host); got != want {
-			t.Errorf("requestDomain(%q) = %q, want %q", host, got, want)
+		if got := RequestDomain(host); got != want {
+			t.Errorf("RequestDomain(%q) = %q, want %q", host, got, want)
 		}
 	}
 }

@@ -102,11 +102,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 	}
 	tr, sb, alive := ep.Transport, ep.Sandbox, ep.Alive
 	if d := s.checkAccess(r, t, sb); d != nil {
-		if d.envd {
-			writeEnvdError(w, d.status, d.msg)
-		} else {
-			proxyError(w, reqID, t.sandboxID, d.status, d.msg)
-		}
+		d.Write(w, reqID, t.sandboxID)
 		return
 	}
 	// Close the request body before returning, whatever the upstream read
@@ -208,11 +204,21 @@ func resetOnAbort(w http.ResponseWriter) {
 	panic(v)
 }
 
-// denial is why a data-plane request is refused.
-type denial struct {
+// Denial is why a data-plane request is refused.
+type Denial struct {
 	status int
 	msg    string
 	envd   bool // answered as envd does ({"code", "message"})
+}
+
+// Write answers the refused request: as envd does for a signed URL (the
+// SDKs and E2B's tests compare that body), else as E2B's edge does.
+func (d *Denial) Write(w http.ResponseWriter, reqID, sandboxID string) {
+	if d.envd {
+		writeEnvdError(w, d.status, d.msg)
+		return
+	}
+	proxyError(w, reqID, sandboxID, d.status, d.msg)
 }
 
 // checkAccess enforces the sandbox's tokens and returns nil when allowed.
@@ -221,7 +227,7 @@ type denial struct {
 // User ports are public unless the sandbox was created with
 // allowPublicTraffic false: then they need the traffic token (403, as on
 // E2B).
-func (s *Server) checkAccess(r *http.Request, t target, sb *sandbox.Sandbox) *denial {
+func (s *Server) checkAccess(r *http.Request, t target, sb *sandbox.Sandbox) *Denial {
 	if t.port != envd.Port && t.port != envd.CodeInterpreterPort {
 		if sb.Network.AllowPublicTraffic {
 			return nil
@@ -230,9 +236,9 @@ func (s *Server) checkAccess(r *http.Request, t target, sb *sandbox.Sandbox) *de
 		v := r.Header.Get(h)
 		switch {
 		case v == "":
-			return &denial{status: http.StatusForbidden, msg: "Sandbox is secured with traffic access token. Token header '" + h + "' is missing"}
+			return &Denial{status: http.StatusForbidden, msg: "Sandbox is secured with traffic access token. Token header '" + h + "' is missing"}
 		case subtle.ConstantTimeCompare([]byte(v), []byte(sb.AccessToken)) != 1:
-			return &denial{status: http.StatusForbidden, msg: "Sandbox is secured with traffic access token. Provided token in header '" + h + "' is invalid"}
+			return &Denial{status: http.StatusForbidden, msg: "Sandbox is secured with traffic access token. Provided token in header '" + h + "' is invalid"}
 		}
 		return nil
 	}
@@ -246,26 +252,24 @@ func (s *Server) checkAccess(r *http.Request, t target, sb *sandbox.Sandbox) *de
 	}
 	if r.Header.Get("X-Access-Token") != "" {
 		// A wrong token is refused even beside a signature, as envd does.
-		return &denial{status: http.StatusUnauthorized, msg: "invalid access token"}
+		return &Denial{status: http.StatusUnauthorized, msg: "invalid access token"}
 	}
 	if t.port == envd.Port && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
 		if msg := checkSignature(r, sb.AccessToken); msg != "" {
-			return &denial{status: http.StatusUnauthorized, msg: msg, envd: true}
+			return &Denial{status: http.StatusUnauthorized, msg: msg, envd: true}
 		}
 		return nil
 	}
-	return &denial{status: http.StatusUnauthorized, msg: "missing access token: send the sandbox's envdAccessToken in X-Access-Token"}
+	return &Denial{status: http.StatusUnauthorized, msg: "missing access token: send the sandbox's envdAccessToken in X-Access-Token"}
 }
 
 // CheckToken checks a data-plane request to an agent port (envd, the code
 // interpreter) against a sandbox's token: a token header, or a signed
-// /files URL. It returns "" when allowed, else why not. /health is open.
-func CheckToken(r *http.Request, port int, token string) string {
+// /files URL. It returns nil when allowed, else the refusal to write.
+// /health is open.
+func CheckToken(r *http.Request, port int, token string) *Denial {
 	if port != envd.Port && port != envd.CodeInterpreterPort {
-		return "" // a user port: its sandbox decides (allowPublicTraffic)
+		return nil // a user port: its sandbox decides (allowPublicTraffic)
 	}
-	if d := (&Server{}).checkAccess(r, target{port: port}, &sandbox.Sandbox{AccessToken: token, Network: sandbox.Network{AllowPublicTraffic: true}}); d != nil {
-		return d.msg
-	}
-	return ""
+	return (&Server{}).checkAccess(r, target{port: port}, &sandbox.Sandbox{AccessToken: token, Network: sandbox.Network{AllowPublicTraffic: true}})
 }

@@ -24,7 +24,7 @@ from e2b import (
     SandboxException,
 )
 
-from ._util import routing_headers, unique, wait_until
+from ._util import CLUSTER, routing_headers, unique, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -372,64 +372,80 @@ def test_watch_poll_right_after_write_sees_it(sbx, d):
 # --- signed URLs ------------------------------------------------------------------------
 # On a single URL (E2B_SANDBOX_URL, no wildcard domain) a signed URL is that
 # URL plus /files?path=...&signature=...: it names no sandbox, and works as it
-# is, with nothing added (the signature names the sandbox).
+# is, with nothing added (the signature names the sandbox). With the routing
+# headers it works too. A cluster gateway routes the data plane by sandbox id
+# only: there a signed URL needs the headers (or the region's wildcard
+# domain), which the strict xfail records until the gateway learns it.
+VIA = [
+    pytest.param(
+        "single URL",
+        marks=pytest.mark.xfail(
+            CLUSTER, strict=True, reason="the cluster gateway does not route a signed URL that names no sandbox"
+        ),
+    ),
+    "routing headers",
+]
 
 
-def test_download_url(sbx, d, sandbox_url):
+def _via(via: str, sbx: Sandbox) -> dict:
+    return routing_headers(sbx.sandbox_id, ENVD_PORT) if via == "routing headers" else {}
+
+
+@pytest.mark.parametrize("via", VIA)
+def test_download_url(sbx, d, sandbox_url, via):
     path = f"{d}/dl.txt"
     sbx.files.write(path, "download me")
     url = sbx.download_url(path)
     assert "signature=v1_" in url
     assert url.startswith(f"{sandbox_url}/files?") and sbx.sandbox_id not in url
-    r = httpx.get(url, timeout=30)
+    r = httpx.get(url, headers=_via(via, sbx), timeout=30)
     assert r.status_code == 200, r.text
     assert r.content == b"download me"
 
     url = sbx.download_url(path, use_signature_expiration=120)
     assert "signature_expiration=" in url
-    r = httpx.get(url, timeout=30)
+    r = httpx.get(url, headers=_via(via, sbx), timeout=30)
     assert r.status_code == 200, r.text
     assert r.content == b"download me"
-    # The routing headers still work too.
-    r = httpx.get(url, headers=routing_headers(sbx.sandbox_id, ENVD_PORT), timeout=30)
-    assert r.status_code == 200 and r.content == b"download me"
 
 
-def test_download_url_relative_and_as_root(sbx):
+@pytest.mark.parametrize("via", VIA)
+def test_download_url_relative_and_as_root(sbx, via):
     name = f"{unique('dl')}.txt"
     sbx.files.write(name, "relative")
-    assert httpx.get(sbx.download_url(name), timeout=30).content == b"relative"
+    assert httpx.get(sbx.download_url(name), headers=_via(via, sbx), timeout=30).content == b"relative"
     sbx.files.write(name, "as root", user="root")
-    r = httpx.get(sbx.download_url(name, user="root", use_signature_expiration=60), timeout=30)
+    r = httpx.get(sbx.download_url(name, user="root", use_signature_expiration=60), headers=_via(via, sbx), timeout=30)
     assert r.status_code == 200 and r.content == b"as root"
 
 
-def test_signed_url_rejects_bad_or_expired_signature(sbx, d):
+@pytest.mark.parametrize("via", VIA)
+def test_signed_url_rejects_bad_or_expired_signature(sbx, d, via):
     path = f"{d}/guarded.txt"
     sbx.files.write(path, "secret")
+    h = _via(via, sbx)
     url = sbx.download_url(path)
     tampered = url.replace("signature=v1_", "signature=v1_A")
-    r = httpx.get(tampered, timeout=30)
+    r = httpx.get(tampered, headers=h, timeout=30)
     assert r.status_code == 401 and r.json() == {"code": 401, "message": "invalid signature"}
     # The signature is bound to the path.
     other = sbx.download_url(f"{d}/other.txt")
     forged = other.replace("other.txt", "guarded.txt")
-    assert httpx.get(forged, timeout=30).status_code == 401
+    assert httpx.get(forged, headers=h, timeout=30).status_code == 401
     # Expired: envd's words, exactly (E2B's tests compare them).
     expired = sbx.download_url(path, use_signature_expiration=-60)
-    r = httpx.get(expired, timeout=30)
+    r = httpx.get(expired, headers=h, timeout=30)
     assert r.status_code == 401
     assert r.json() == {"code": 401, "message": "signature is already expired"}
-    r = httpx.get(expired, headers=routing_headers(sbx.sandbox_id, ENVD_PORT), timeout=30)
-    assert r.status_code == 401 and r.json() == {"code": 401, "message": "signature is already expired"}
-    # No signature and no access token: with the routing headers envd wants
-    # its token; without them the single URL is the control plane's.
+    # No signature and no access token: refused (with the routing headers by
+    # the sandbox's edge; without them the single URL is the control plane's,
+    # which wants an API key).
     bare = httpx.URL(url).copy_remove_param("signature")
-    assert httpx.get(bare, headers=routing_headers(sbx.sandbox_id, ENVD_PORT), timeout=30).status_code == 401
-    assert httpx.get(bare, timeout=30).status_code == 401
+    assert httpx.get(bare, headers=h, timeout=30).status_code == 401
 
 
-def test_signed_url_is_bound_to_its_sandbox(sbx, d, make_sandbox):
+@pytest.mark.parametrize("via", VIA)
+def test_signed_url_is_bound_to_its_sandbox(sbx, d, make_sandbox, via):
     # Signatures are keyed on the sandbox's own access token: a URL signed by
     # another sandbox opens that one, never this one.
     path = f"{d}/mine.txt"
@@ -439,26 +455,28 @@ def test_signed_url_is_bound_to_its_sandbox(sbx, d, make_sandbox):
     foreign = other.download_url(path)
     r = httpx.get(foreign, headers=routing_headers(sbx.sandbox_id, ENVD_PORT), timeout=30)
     assert r.status_code == 401
-    assert httpx.get(foreign, timeout=30).content == b"theirs"
-    r = httpx.get(sbx.download_url(path), timeout=30)
+    assert httpx.get(foreign, headers=_via(via, other), timeout=30).content == b"theirs"
+    r = httpx.get(sbx.download_url(path), headers=_via(via, sbx), timeout=30)
     assert r.status_code == 200 and r.content == b"mine"
 
 
-def test_upload_url(sbx, d):
+@pytest.mark.parametrize("via", VIA)
+def test_upload_url(sbx, d, via):
     path = f"{d}/up.txt"
     url = sbx.upload_url(path)
     assert "signature=v1_" in url
-    r = httpx.post(url, files={"file": ("up.txt", b"uploaded via signed url", "text/plain")}, timeout=30)
+    h = _via(via, sbx)
+    r = httpx.post(url, files={"file": ("up.txt", b"uploaded via signed url", "text/plain")}, headers=h, timeout=30)
     assert r.status_code == 200, r.text
     body = r.json()
     assert isinstance(body, list) and body and body[0]["path"] == path
     assert sbx.files.read(path) == "uploaded via signed url"
     # Relative, with an expiry.
     name = f"{unique('up')}.txt"
-    r = httpx.post(sbx.upload_url(name, use_signature_expiration=60), files={"file": ("x", b"rel")}, timeout=30)
+    r = httpx.post(sbx.upload_url(name, use_signature_expiration=60), files={"file": ("x", b"rel")}, headers=h, timeout=30)
     assert r.status_code == 200 and r.json() == [{"name": name, "type": "file", "path": f"/home/user/{name}"}]
     # A read signature does not allow writing.
-    r = httpx.post(sbx.download_url(path), files={"file": ("up.txt", b"nope", "text/plain")}, timeout=30)
+    r = httpx.post(sbx.download_url(path), files={"file": ("up.txt", b"nope", "text/plain")}, headers=h, timeout=30)
     assert r.status_code == 401
     assert sbx.files.read(path) == "uploaded via signed url"
 

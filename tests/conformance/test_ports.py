@@ -94,8 +94,20 @@ def test_closed_port_is_502_port_not_open(web, sandbox_url):
 def test_unknown_sandbox_is_502_not_found(e2b_env, sandbox_url):
     r = _get(sandbox_url, "cfnosuchsandbox0000", PORT)
     assert r.status_code == 502
-    assert r.json()["message"] == "The sandbox was not found"  # E2B's words
-    r = httpx.get(sandbox_url, headers={"Host": f"{PORT}-cfnosuchsandbox0000.{_daemon_domain(sandbox_url)}"}, timeout=10)
+    assert "was not found" in r.json()["message"]
+
+
+def test_killed_sandbox_is_502_with_e2bs_words(make_sandbox, sandbox_url):
+    # E2B's edge answers a killed sandbox's port with exactly this message
+    # (E2B's js-sdk host test compares it), by header and by Host.
+    sbx = make_sandbox()
+    host = sbx.get_host(PORT)
+    sbx.kill()
+    r = _get(sandbox_url, sbx.sandbox_id, PORT)
+    assert r.status_code == 502
+    assert r.json()["message"] == "The sandbox was not found"
+    assert r.json()["sandboxId"] == sbx.sandbox_id
+    r = httpx.get(sandbox_url, headers={"Host": host}, timeout=10)
     assert r.status_code == 502 and r.json()["message"] == "The sandbox was not found"
 
 
