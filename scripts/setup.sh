@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # setup.sh: install what cellfork needs on a Debian 12 host, idempotently.
-# Installs: Debian packages, a pinned static runsc with its sidecars, and a
-# Python virtualenv (.venv) with the test and SDK dependencies.
+# Installs: Debian packages, a pinned static runsc with its sidecars, a
+# Python virtualenv (.venv) with the test and SDK dependencies, and the JS
+# conformance suite's npm packages (needs Node.js >= 20.18.1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,5 +74,19 @@ if [ ! -x .venv/bin/python ] || [ tests/requirements.txt -nt .venv/.installed ] 
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -r tests/requirements.txt -e sdk/python
   touch .venv/.installed
+fi
+# The JS conformance suite (tests/conformance-js) runs the official `e2b`
+# npm package, which wants Node.js >= 20.18.1 (Debian 12's nodejs is 18).
+node_ok=$(node -e 'const [a,b,c]=process.versions.node.split(".").map(Number); console.log(a>20||(a===20&&(b>18||(b===18&&c>=1)))?"yes":"no")' 2>/dev/null || echo missing)
+if [ "$node_ok" != yes ] || ! command -v npm >/dev/null; then
+  echo "setup: Node.js >= 20.18.1 with npm is required for the JS conformance suite (found: $(node --version 2>/dev/null || echo no node))." >&2
+  echo "setup: install it from https://nodejs.org (or NodeSource's Debian packages) and run make setup again." >&2
+  exit 1
+fi
+js=tests/conformance-js
+if [ ! -f "$js/node_modules/.installed" ] || [ "$js/package-lock.json" -nt "$js/node_modules/.installed" ]; then
+  step "installing the JS conformance suite's dependencies (npm ci)"
+  (cd "$js" && npm ci --no-audit --no-fund --loglevel=error)
+  touch "$js/node_modules/.installed"
 fi
 step "setup complete"

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # test.sh: every test. Assumes `make setup template` ran (make test does it).
 #  1. Go: vet, generated code up to date, unit tests and the integration
-#     tests (test/integration starts its own daemon with real gVisor sandboxes).
+#     tests (test/integration starts its own daemon with real gVisor sandboxes);
+#     then the cluster suite alone (test/cluster: PostgreSQL, three hosts in
+#     network namespaces, two regions, gateways, faults).
 #  2. Python: our SDK's tests, the official E2B SDK conformance suite, the
 #     MCP server with the official MCP SDK and the dashboard in headless
-#     Chromium, against a test daemon on its own port and data directory.
+#     Chromium, against a test daemon on its own port and data directory;
+#     then the same daemon under the JS conformance suite (official e2b
+#     npm package).
 #  3. Fuzz: schemathesis drives every operation of internal/api/openapi.yaml
 #     (control plane, envd, code interpreter) with generated valid and
 #     invalid requests and checks each answer against the document, plus
@@ -41,6 +45,9 @@ start_test_daemon --max-upload-mb 64
 prefix=cf$(printf '%s' "$TEST_TMP/data" | sha256sum | cut -c1-6)-
 status=0
 .venv/bin/pytest -q -p no:cacheprovider --ignore=tests/fuzz sdk/python/tests tests || status=$?
+
+step "JS conformance suite (the official e2b npm package) against the test daemon"
+(cd tests/conformance-js && npm test --silent) || status=$?
 
 step "fuzz the API from its OpenAPI description (schemathesis)"
 # Hypothesis keeps caches; they go with the test data, not into the tree.

@@ -145,18 +145,10 @@ func onTimeout(b *apitypes.NewSandbox) string {
 
 const clientID = "cellfork"
 
-func (s *Server) domain() *string {
-	if s.cfg.Domain == "" {
-		return nil
-	}
-	d := s.cfg.Domain
-	return &d
-}
-
-func (s *Server) sandboxJSON(sb *sandbox.Sandbox) apitypes.Sandbox {
+func (s *Server) sandboxJSON(r *http.Request, sb *sandbox.Sandbox) apitypes.Sandbox {
 	return apitypes.Sandbox{
 		TemplateID: sb.TemplateID, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: EnvdVersion,
-		EnvdAccessToken: sb.AccessToken, TrafficAccessToken: sb.AccessToken, Domain: s.domain(),
+		EnvdAccessToken: sb.AccessToken, TrafficAccessToken: sb.AccessToken, Domain: s.domain(r),
 		BootMode: bootMode(sb.BootMode),
 	}
 }
@@ -200,7 +192,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.created(sb)
-	writeJSON(w, http.StatusCreated, s.sandboxJSON(sb))
+	writeJSON(w, http.StatusCreated, s.sandboxJSON(r, sb))
 }
 
 // listedJSON is E2B's ListedSandbox.
@@ -217,7 +209,7 @@ func listedJSON(sb *sandbox.Sandbox) apitypes.ListedSandbox {
 
 // detailJSON is E2B's SandboxDetail: a ListedSandbox plus tokens, domain,
 // network and lifecycle, and (ours) where its state comes from.
-func (s *Server) detailJSON(sb *sandbox.Sandbox) apitypes.SandboxDetail {
+func (s *Server) detailJSON(r *http.Request, sb *sandbox.Sandbox) apitypes.SandboxDetail {
 	l := listedJSON(sb)
 	return apitypes.SandboxDetail{
 		TemplateID: l.TemplateID, SandboxID: l.SandboxID, ClientID: l.ClientID,
@@ -225,7 +217,7 @@ func (s *Server) detailJSON(sb *sandbox.Sandbox) apitypes.SandboxDetail {
 		CPUCount: l.CPUCount, MemoryMB: l.MemoryMB, DiskSizeMB: l.DiskSizeMB,
 		State: apitypes.SandboxDetailState(l.State), EnvdVersion: l.EnvdVersion, Metadata: l.Metadata,
 		PidsMax: l.PidsMax, OpenFiles: l.OpenFiles,
-		EnvdAccessToken: sb.AccessToken, Domain: s.domain(),
+		EnvdAccessToken: sb.AccessToken, Domain: s.domain(r),
 		AllowInternetAccess: sb.Network.AllowInternet, Network: networkJSON(sb.Network),
 		Lifecycle: apitypes.SandboxLifecycle{AutoResume: sb.AutoResume,
 			OnTimeout: apitypes.SandboxLifecycleOnTimeout(sb.OnTimeout)},
@@ -252,7 +244,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.detailJSON(sb))
+	writeJSON(w, http.StatusOK, s.detailJSON(r, sb))
 }
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
@@ -333,7 +325,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, mustBePau
 	if resumed {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, s.sandboxJSON(sb))
+	writeJSON(w, status, s.sandboxJSON(r, sb))
 }
 
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {

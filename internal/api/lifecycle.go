@@ -159,7 +159,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		s.created(res.Sandbox)
-		sb := s.sandboxJSON(res.Sandbox)
+		sb := s.sandboxJSON(r, res.Sandbox)
 		out[i].Sandbox = &sb
 	}
 	writeJSON(w, http.StatusCreated, out)
@@ -180,7 +180,7 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+	writeJSON(w, http.StatusOK, s.sandboxJSON(r, sb))
 }
 
 func (s *Server) merge(w http.ResponseWriter, r *http.Request) {
@@ -198,5 +198,5 @@ func (s *Server) merge(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+	writeJSON(w, http.StatusOK, s.sandboxJSON(r, sb))
 }

@@ -2,9 +2,7 @@ package api
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -86,22 +84,27 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 	}
 	// E2B's lifecycle.autoResume: a request the sandbox would take wakes
 	// it (for the default lifetime); /health never does.
-	wake := func(sb *sandbox.Sandbox) bool { return r.URL.Path != "/health" && allowed(s.checkAccess(r, t, sb)) }
+	wake := func(sb *sandbox.Sandbox) bool { return r.URL.Path != "/health" && s.checkAccess(r, t, sb) == nil }
 	ep, err := s.m.Endpoint(r.Context(), t.sandboxID, wake)
 	if errors.Is(err, errdefs.ErrUnavailable) {
 		proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, errdefs.UserMessage(err))
 		return
 	}
 	if err != nil {
-		// The SDKs key on "was not found"; the detail says why (paused,
-		// or died: out of memory).
-		proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, "The sandbox was not found: "+errdefs.UserMessage(err))
+		// The SDKs key on "was not found", and for a sandbox that does
+		// not exist (or was killed) E2B says just that; otherwise the
+		// detail says why (paused, or died: out of memory).
+		msg := "The sandbox was not found"
+		if !errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, sandbox.ErrDied) {
+			msg += ": " + errdefs.UserMessage(err)
+		}
+		proxyError(w, reqID, t.sandboxID, http.StatusBadGateway, msg)
 		return
 	}
 	tr, sb, alive := ep.Transport, ep.Sandbox, ep.Alive
-	if msg, reason := s.checkAccess(r, t, sb); msg != "" {
-		s.authFailed(reason)
-		proxyError(w, reqID, t.sandboxID, http.StatusUnauthorized, msg)
+	if d := s.checkAccess(r, t, sb); d != nil {
+		s.authFailed(d.reason)
+		d.Write(w, reqID, t.sandboxID)
 		return
 	}
 	// Close the request body before returning, whatever the upstream read
@@ -194,86 +197,100 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 	// body once the response starts, and the transport then drops the
 	// upstream connection mid-response.
 	_ = http.NewResponseController(w).EnableFullDuplex()
+	defer resetOnAbort(w)
 	rp.ServeHTTP(w, r)
 }
 
-// allowed reports whether checkAccess let a request through.
-func allowed(msg, _ string) bool { return msg == "" }
+// resetOnAbort resets the client's connection when the response was cut
+// short (the reverse proxy aborts with http.ErrAbortHandler: the sandbox's
+// box went away mid-stream, or the upstream failed). Over HTTP/1.1 a clean
+// close in the middle of a chunked body reads as the server's protocol
+// error; a reset reads as the dropped connection it is, as an HTTP/2
+// stream reset does on E2B, and that is what the SDKs check the sandbox's
+// health on (and then say it was killed). Deferred by the handler.
+func resetOnAbort(w http.ResponseWriter) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	if v == http.ErrAbortHandler {
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			if c, ok := conn.(interface{ SetLinger(int) error }); ok {
+				_ = c.SetLinger(0)
+			}
+			_ = conn.Close()
+		}
+	}
+	panic(v)
+}
 
-// checkAccess enforces the sandbox's tokens and returns "" when allowed,
-// else the caller's message and the reason for metrics.
+// Denial is why a data-plane request is refused.
+type Denial struct {
+	status int
+	msg    string
+	reason string // for metrics: missing_token, invalid_token, invalid_signature
+	envd   bool   // answered as envd does ({"code", "message"})
+}
+
+// Write answers the refused request: as envd does for a signed URL (the
+// SDKs and E2B's tests compare that body), else as E2B's edge does.
+func (d *Denial) Write(w http.ResponseWriter, reqID, sandboxID string) {
+	if d.envd {
+		writeEnvdError(w, d.status, d.msg)
+		return
+	}
+	proxyError(w, reqID, sandboxID, d.status, d.msg)
+}
+
+// checkAccess enforces the sandbox's tokens and returns nil when allowed.
 // envd and the code interpreter need the envd access token (X-Access-Token)
 // or the traffic token; /files also accepts a signed URL; /health is open.
 // User ports are public unless the sandbox was created with
-// allowPublicTraffic false: then they need the traffic token, as on E2B.
-func (s *Server) checkAccess(r *http.Request, t target, sb *sandbox.Sandbox) (msg, reason string) {
+// allowPublicTraffic false: then they need the traffic token (403, as on
+// E2B).
+func (s *Server) checkAccess(r *http.Request, t target, sb *sandbox.Sandbox) *Denial {
 	if t.port != envd.Port && t.port != envd.CodeInterpreterPort {
 		if sb.Network.AllowPublicTraffic {
-			return "", ""
+			return nil
 		}
-		v := r.Header.Get("E2b-Traffic-Access-Token")
-		if v != "" && subtle.ConstantTimeCompare([]byte(v), []byte(sb.AccessToken)) == 1 {
-			return "", ""
+		const h = "e2b-traffic-access-token"
+		v := r.Header.Get(h)
+		switch {
+		case v == "":
+			return &Denial{status: http.StatusForbidden, msg: "Sandbox is secured with traffic access token. Token header '" + h + "' is missing", reason: "missing_token"}
+		case subtle.ConstantTimeCompare([]byte(v), []byte(sb.AccessToken)) != 1:
+			return &Denial{status: http.StatusForbidden, msg: "Sandbox is secured with traffic access token. Provided token in header '" + h + "' is invalid", reason: "invalid_token"}
 		}
-		reason = "missing_token"
-		if v != "" {
-			reason = "invalid_token"
-		}
-		return "this sandbox's ports are private: send its trafficAccessToken in the E2B-Traffic-Access-Token header", reason
+		return nil
 	}
 	if r.URL.Path == "/health" {
-		return "", ""
+		return nil
 	}
 	for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token"} {
 		if v := r.Header.Get(h); v != "" && subtle.ConstantTimeCompare([]byte(v), []byte(sb.AccessToken)) == 1 {
-			return "", ""
+			return nil
 		}
+	}
+	if r.Header.Get("X-Access-Token") != "" {
+		// A wrong token is refused even beside a signature, as envd does.
+		return &Denial{status: http.StatusUnauthorized, msg: "invalid access token", reason: "invalid_token"}
 	}
 	if t.port == envd.Port && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
 		if msg := checkSignature(r, sb.AccessToken); msg != "" {
-			return msg, "invalid_signature"
+			return &Denial{status: http.StatusUnauthorized, msg: msg, reason: "invalid_signature", envd: true}
 		}
-		return "", ""
+		return nil
 	}
-	if r.Header.Get("X-Access-Token") == "" {
-		return "missing access token: send the sandbox's envdAccessToken in X-Access-Token", "missing_token"
-	}
-	return "invalid access token", "invalid_token"
-}
-
-// checkSignature verifies an E2B signed file URL (spec §4.1).
-func checkSignature(r *http.Request, token string) string {
-	q := r.URL.Query()
-	op := "read"
-	if r.Method == http.MethodPost {
-		op = "write"
-	}
-	payload := fmt.Sprintf("%s:%s:%s:%s", q.Get("path"), op, q.Get("username"), token)
-	if exp := q.Get("signature_expiration"); exp != "" {
-		n, err := strconv.ParseInt(exp, 10, 64)
-		if err != nil {
-			return "invalid signature_expiration"
-		}
-		if time.Now().Unix() > n {
-			return "signature expired"
-		}
-		payload += ":" + exp
-	}
-	sum := sha256.Sum256([]byte(payload))
-	want := "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
-	if subtle.ConstantTimeCompare([]byte(q.Get("signature")), []byte(want)) != 1 {
-		return "invalid signature"
-	}
-	return ""
+	return &Denial{status: http.StatusUnauthorized, msg: "missing access token: send the sandbox's envdAccessToken in X-Access-Token", reason: "missing_token"}
 }
 
 // CheckToken checks a data-plane request to an agent port (envd, the code
 // interpreter) against a sandbox's token: a token header, or a signed
-// /files URL. It returns "" when allowed, else why not. /health is open.
-func CheckToken(r *http.Request, port int, token string) string {
+// /files URL. It returns nil when allowed, else the refusal to write.
+// /health is open.
+func CheckToken(r *http.Request, port int, token string) *Denial {
 	if port != envd.Port && port != envd.CodeInterpreterPort {
-		return "" // a user port: its sandbox decides (allowPublicTraffic)
+		return nil // a user port: its sandbox decides (allowPublicTraffic)
 	}
-	msg, _ := (&Server{}).checkAccess(r, target{port: port}, &sandbox.Sandbox{AccessToken: token, Network: sandbox.Network{AllowPublicTraffic: true}})
-	return msg
+	return (&Server{}).checkAccess(r, target{port: port}, &sandbox.Sandbox{AccessToken: token, Network: sandbox.Network{AllowPublicTraffic: true}})
 }

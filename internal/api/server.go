@@ -125,6 +125,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			} else {
 				s.proxy(w, r, t, id)
 			}
+		} else if signedFilesURL(r) {
+			if msg := s.cfg.Auth.DataPlane(r); msg != "" {
+				proxyError(w, id, "", http.StatusUnauthorized, msg)
+			} else {
+				s.signedFiles(w, r, id)
+			}
 		} else if r, ok := s.authorized(w, r, id); ok {
 			routed = r
 			s.mux.ServeHTTP(w, r)

@@ -225,7 +225,7 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.H
 	if st := resp.Header.Get("Server-Timing"); st != "" {
 		w.Header().Set("Server-Timing", st)
 	}
-	_ = g.withDomain(resp)
+	_ = g.withDomain(r.Host)(resp)
 	for _, k := range []string{"Content-Type", "Content-Length"} {
 		if v := resp.Header.Get(k); v != "" {
 			w.Header().Set(k, v)

@@ -175,8 +175,8 @@ func (g *Gateway) dataPlane(w http.ResponseWriter, r *http.Request, reqID, id st
 		return
 	}
 	if tokens := g.tokens.Load(); tokens != nil && r.URL.Path != "/health" {
-		if msg := api.CheckToken(r, port, tokens.Token(id)); msg != "" && !g.checkOld(r, port, id, tokens) {
-			api.ProxyError(w, reqID, id, http.StatusUnauthorized, msg)
+		if d := api.CheckToken(r, port, tokens.Token(id)); d != nil && !g.checkOld(r, port, id, tokens) {
+			d.Write(w, reqID, id)
 			return
 		}
 	}
@@ -211,7 +211,7 @@ func (g *Gateway) sandboxOp(w http.ResponseWriter, r *http.Request, c caller) {
 		g.fork(w, r, c, id, h)
 		return
 	}
-	g.forward(w, r, toHost(h.Addr, c.team.ID, ""), g.withDomain)
+	g.forward(w, r, toHost(h.Addr, c.team.ID, ""), g.withDomain(r.Host))
 }
 
 // lostOp answers for a sandbox whose host is lost: its row says so (get,
@@ -354,31 +354,37 @@ func (g *Gateway) anyHost(w http.ResponseWriter, r *http.Request, c caller) {
 }
 
 // withDomain sets the domain in a sandbox answer to the region's (the SDK
-// builds {port}-{id}.{domain} from it).
-func (g *Gateway) withDomain(resp *http.Response) error {
-	if resp.StatusCode/100 != 2 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
-		return nil
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	resp.Body.Close()
-	if err != nil {
-		return err
-	}
-	var m map[string]any
-	if json.Unmarshal(body, &m) == nil {
-		if _, ok := m["sandboxID"]; ok {
-			if d := g.view.Load().Region.Domain; d != "" {
-				m["domain"] = d
-			} else {
-				m["domain"] = nil
-			}
-			if b, err := json.Marshal(m); err == nil {
-				body = b
+// builds {port}-{id}.{domain} from it), or, when the region has none, to
+// the address the client reached (host: the client request's Host), as a
+// single host answers: never E2B's default domain.
+func (g *Gateway) withDomain(host string) func(*http.Response) error {
+	return func(resp *http.Response) error {
+		if resp.StatusCode/100 != 2 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+			return nil
+		}
+		body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+		resp.Body.Close()
+		if err != nil {
+			return err
+		}
+		var m map[string]any
+		if json.Unmarshal(body, &m) == nil {
+			if _, ok := m["sandboxID"]; ok {
+				if d := g.view.Load().Region.Domain; d != "" {
+					m["domain"] = d
+				} else if d := api.RequestDomain(host); d != "" {
+					m["domain"] = d
+				} else {
+					m["domain"] = nil
+				}
+				if b, err := json.Marshal(m); err == nil {
+					body = b
+				}
 			}
 		}
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		resp.ContentLength = int64(len(body))
+		resp.Header.Set("Content-Length", fmt.Sprint(len(body)))
+		return nil
 	}
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	resp.ContentLength = int64(len(body))
-	resp.Header.Set("Content-Length", fmt.Sprint(len(body)))
-	return nil
 }

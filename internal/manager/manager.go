@@ -185,7 +185,7 @@ func (m *Manager) lookup(ctx context.Context, id string) (*Live, error) {
 	}
 	if l == nil {
 		if msg := m.diedMessage(id); msg != "" {
-			return nil, errdefs.New(errdefs.ErrNotFound, "%s", msg)
+			return nil, errors.Join(errdefs.New(errdefs.ErrNotFound, "%s", msg), sandbox.ErrDied)
 		}
 		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}

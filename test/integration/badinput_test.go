@@ -90,7 +90,7 @@ func TestBadInputDataPlane(t *testing.T) {
 		{"missing access token", "GET", "/files?path=/etc/hostname", withUser(map[string]string{"X-Access-Token": ""}), nil, 401, "access token"},
 		{"wrong access token", "GET", "/files?path=/etc/hostname", withUser(map[string]string{"X-Access-Token": "nope"}), nil, 401, "access token"},
 		{"bad signature", "GET", "/files?path=/etc/hostname&signature=v1_bad", withUser(map[string]string{"X-Access-Token": ""}), nil, 401, "signature"},
-		{"relative path", "GET", "/files?path=etc/hostname", h, nil, 400, ""},
+		{"relative path, missing", "GET", "/files?path=no/such/file", h, nil, 404, ""},
 		{"NUL in path", "GET", "/files?path=/etc/host%00name", h, nil, 400, ""},
 		{"missing file", "GET", "/files?path=/no/such/file", h, nil, 404, ""},
 		{"directory download", "GET", "/files?path=/etc", h, nil, 400, ""},

@@ -230,8 +230,14 @@ func TestPrivatePorts(t *testing.T) {
 	})
 	delete(h, "E2b-Traffic-Access-Token")
 	r := dataCall(t, "GET", "/", h, nil)
-	record("ingress", "reach a private port without the traffic token", "401", fmt.Sprintf("%d %s", r.status, r.errMessage()), r.status == 401)
-	if r.status != 401 || !strings.Contains(r.errMessage(), "private") {
+	record("ingress", "reach a private port without the traffic token", "403", fmt.Sprintf("%d %s", r.status, r.errMessage()), r.status == 403)
+	if r.status != 403 || !strings.Contains(r.errMessage(), "is missing") {
 		t.Errorf("private port without the token: %d %s", r.status, r.body)
+	}
+	h["E2b-Traffic-Access-Token"] = "wrong"
+	r = dataCall(t, "GET", "/", h, nil)
+	record("ingress", "reach a private port with a wrong traffic token", "403", fmt.Sprintf("%d %s", r.status, r.errMessage()), r.status == 403)
+	if r.status != 403 || !strings.Contains(r.errMessage(), "is invalid") {
+		t.Errorf("private port with a wrong token: %d %s", r.status, r.body)
 	}
 }

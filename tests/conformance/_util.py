@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from typing import Callable, Optional, TypeVar
@@ -45,3 +46,8 @@ def routing_headers(sandbox_id: str, port: int) -> dict:
     calls; needed for URLs the SDK hands out (download_url, upload_url,
     get_host) when E2B_SANDBOX_URL is a single host."""
     return {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(port)}
+
+
+#: The suite runs through a cluster gateway (test/cluster sets this), not
+#: against one daemon.
+CLUSTER = os.environ.get("CELLFORK_CLUSTER_TEST") == "1"

@@ -13,6 +13,7 @@ from e2b import (
     CommandHandle,
     PtySize,
     Sandbox,
+    SandboxException,
     TimeoutException,
 )
 
@@ -80,6 +81,29 @@ def test_cwd(sbx):
     d = f"/tmp/{unique('cwd')}"
     sbx.files.make_dir(d)
     assert sbx.commands.run("pwd", cwd=d).stdout == f"{d}\n"
+
+
+def test_relative_cwd_is_the_homes(sbx):
+    # As E2B's envd: a relative cwd is relative to the user's home.
+    d = unique("cwd")
+    sbx.files.make_dir(f"{d}/sub")
+    assert sbx.commands.run("pwd", cwd=d).stdout == f"/home/user/{d}\n"
+    assert sbx.commands.run("pwd", cwd=f"{d}/sub/..").stdout == f"/home/user/{d}\n"
+    h = sbx.commands.run("pwd", cwd=f"{d}/sub", background=True)
+    assert h.wait().stdout == f"/home/user/{d}/sub\n"
+    sbx.files.make_dir(d, user="root")
+    assert sbx.commands.run("pwd", cwd=d, user="root").stdout == f"/root/{d}\n"
+    # One that does not exist is refused, not run elsewhere.
+    with pytest.raises(SandboxException) as e:
+        sbx.commands.run("pwd", cwd=unique("missing"))
+    assert not isinstance(e.value, CommandExitException)
+
+
+def test_python_is_python3(sbx):
+    # E2B's base template has `python` (tests and agents run `python -m ...`).
+    py = sbx.commands.run("python --version").stdout
+    assert py.startswith("Python 3.")
+    assert py == sbx.commands.run("python3 --version").stdout
 
 
 def test_default_user_is_user_with_home(sbx):

@@ -52,11 +52,12 @@ func lookupAccount(s *agent.Settings, name string) (agent.Account, error) {
 	return acc, nil
 }
 
-// resolvePath turns a caller-supplied path into an absolute, clean path:
-// "" is the default workdir (or home), "~" and "~/x" expand to the home
-// directory, and other relative paths are refused (invalid_argument, with
-// the absolute form in the message): unlike upstream envd, which resolves
-// them against home, we treat them as the ambiguous input they are.
+// resolvePath turns a caller-supplied path into an absolute, clean path,
+// as upstream envd does: "" is the default workdir (or home), "~" and "~/x"
+// expand to the home directory, and any other relative path is relative
+// to the home directory (not to the workdir, as upstream). ".." is resolved
+// lexically. Paths with a NUL byte, longer than PATH_MAX, or naming another
+// user's home ("~other") are invalid_argument.
 func resolvePath(p string, acc agent.Account, workdir string) (string, error) {
 	home := acc.Home
 	if !filepath.IsAbs(home) {
@@ -75,13 +76,11 @@ func resolvePath(p string, acc agent.Account, workdir string) (string, error) {
 	if strings.IndexByte(p, 0) >= 0 {
 		return "", invalidf("invalid path %q: contains a NUL byte", p)
 	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(home, p)
+	}
 	if len(p) > maxPathLen {
 		return "", invalidf("invalid path: longer than %d bytes", maxPathLen)
-	}
-	if !filepath.IsAbs(p) {
-		// A relative path is ambiguous (relative to what?): refuse it and
-		// say how to write it.
-		return "", invalidf("invalid path %q: use an absolute path (e.g. %s) or ~/...", p, filepath.Join(home, p))
 	}
 	return filepath.Clean(p), nil
 }

@@ -155,11 +155,3 @@ func getXattr(path, name string) (string, bool) {
 	}
 	return string(buf[:n]), true
 }
-
-// writeMetadata stores md as user.e2b.* xattrs of path. Failures (a
-// filesystem without user xattrs) are ignored: metadata is best effort.
-func writeMetadata(path string, md map[string]string) {
-	for k, v := range md {
-		_ = unix.Setxattr(path, metadataXattrPrefix+k, []byte(v), 0)
-	}
-}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"mime"
 	"mime/multipart"
 	"net/http"
@@ -13,6 +14,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cellfork/cellfork/internal/agent"
 )
@@ -68,7 +71,45 @@ func (h *filesHandler) download(w http.ResponseWriter, r *http.Request) {
 	}
 	name := filepath.Base(path)
 	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": name}))
+	if fi.Size() == 0 || onPseudoFS(f) {
+		// Empty, or a procfs/sysfs file: those report a size (0, or 4096
+		// in sysfs) that is not their content's and may not seek, so
+		// ServeContent (ranges, lengths) cannot serve them. Stream
+		// whatever reading yields.
+		streamFile(w, name, f)
+		return
+	}
 	http.ServeContent(w, r, name, fi.ModTime(), f)
+}
+
+// pseudoFSMagics are the filesystems (linux/magic.h) whose files are
+// generated on read: procfs, sysfs, cgroup, cgroup2, debugfs, tracefs,
+// securityfs, configfs.
+var pseudoFSMagics = map[int64]bool{
+	0x9fa0: true, 0x62656572: true, 0x27e0eb: true, 0x63677270: true,
+	0x64626720: true, 0x74726163: true, 0x73636673: true, 0x62656570: true,
+}
+
+func onPseudoFS(f *os.File) bool {
+	var st unix.Statfs_t
+	return unix.Fstatfs(int(f.Fd()), &st) == nil && pseudoFSMagics[int64(st.Type)]
+}
+
+// streamFile copies f to w without a length: for files whose size is not
+// known before reading them.
+func streamFile(w http.ResponseWriter, name string, f *os.File) {
+	ctype := mime.TypeByExtension(filepath.Ext(name))
+	if ctype == "" {
+		ctype = "application/octet-stream"
+	}
+	w.Header().Set("Content-Type", ctype)
+	w.WriteHeader(http.StatusOK)
+	// Not sendfile(2), which procfs files do not all support.
+	if _, err := io.Copy(w, struct{ io.Reader }{f}); err != nil {
+		// Headers are out: all that can be done is cut the response short.
+		log.Printf("download %s: %v", f.Name(), err)
+		panic(http.ErrAbortHandler)
+	}
 }
 
 func (h *filesHandler) upload(w http.ResponseWriter, r *http.Request) {
@@ -85,14 +126,19 @@ func (h *filesHandler) upload(w http.ResponseWriter, r *http.Request) {
 	}
 	defer body.Close()
 	md := uploadMetadata(r.Header)
+	if err := validateMetadata(md); err != nil {
+		writeError(w, "upload", err)
+		return
+	}
 	resolve := func(p string) (string, error) { return resolvePath(p, acc, h.settings.Workdir()) }
 	var written []writtenFile
 	store := func(path string, content io.Reader) error {
-		if err := writeFile(path, content, acc); err != nil {
+		if err := writeFile(path, content, acc, md); err != nil {
 			return err
 		}
-		writeMetadata(path, md)
-		written = append(written, writtenFile{Name: filepath.Base(path), Type: "file", Path: path, Metadata: md})
+		// What was stored, as upstream: a filesystem without user xattrs
+		// keeps none.
+		written = append(written, writtenFile{Name: filepath.Base(path), Type: "file", Path: path, Metadata: readMetadata(path)})
 		return nil
 	}
 	pathQuery, hasPath := q.Get("path"), q.Has("path")
@@ -243,9 +289,10 @@ func bodyError(context string, err error) error {
 }
 
 // writeFile streams content into path (created or truncated, owned by acc),
-// creating missing parent directories owned by acc. A file created by a
+// creating missing parent directories owned by acc, and makes md its whole
+// metadata (none clears what an earlier upload set). A file created by a
 // failed write is removed.
-func writeFile(path string, content io.Reader, acc agent.Account) error {
+func writeFile(path string, content io.Reader, acc agent.Account, md map[string]string) error {
 	if err := ensureDirs(filepath.Dir(path), acc); err != nil {
 		return err
 	}
@@ -274,6 +321,9 @@ func writeFile(path string, content io.Reader, acc agent.Account) error {
 			return fail(err)
 		}
 		return fail(fmt.Errorf("writing %s: %w", path, err))
+	}
+	if err := replaceMetadata(f, md); err != nil {
+		return fail(err)
 	}
 	if err := f.Close(); err != nil {
 		if created {

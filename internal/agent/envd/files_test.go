@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
@@ -211,22 +212,110 @@ func TestUploadErrors(t *testing.T) {
 	wantAPIError(t, res, b, 400)
 }
 
-func TestUploadRelativePathIsRefused(t *testing.T) {
+// TestUploadRelativePath: relative paths (and ~/) are the user's home's,
+// for uploads (octet-stream and multipart) and downloads.
+func TestUploadRelativePath(t *testing.T) {
 	e := newEnv(t)
-	res, b := e.do("POST", "/files", url.Values{"path": {"rel/f.txt"}}, strings.NewReader("rel"), http.Header{"Content-Type": {"application/octet-stream"}})
-	wantAPIError(t, res, b, 400)
-	if !strings.Contains(string(b), "absolute") {
-		t.Fatalf("message does not say what to do: %s", b)
-	}
 	rel := fmt.Sprintf(".cellfork-envd-test-%d/f.txt", os.Getpid())
 	t.Cleanup(func() { _ = os.RemoveAll(filepath.Join("/root", filepath.Dir(rel))) })
-	res, b = e.do("POST", "/files", url.Values{"path": {"~/" + rel}}, strings.NewReader("rel"), http.Header{"Content-Type": {"application/octet-stream"}})
+	res, b := e.do("POST", "/files", url.Values{"path": {rel}}, strings.NewReader("rel"), http.Header{"Content-Type": {"application/octet-stream"}})
 	if res.StatusCode != 200 || decodeWritten(t, b)[0].Path != filepath.Join("/root", rel) {
-		t.Fatalf("~/ upload: %d %s", res.StatusCode, b)
+		t.Fatalf("relative upload: %d %s", res.StatusCode, b)
 	}
 	res, b = e.do("GET", "/files", url.Values{"path": {"~/" + rel}}, nil, nil)
 	if res.StatusCode != 200 || string(b) != "rel" {
 		t.Fatalf("%d %q", res.StatusCode, b)
+	}
+	other := filepath.Join(filepath.Dir(rel), "g.txt")
+	ct, body := multipartBody(t, map[string]string{other: "multi"}, []string{other})
+	res, b = e.do("POST", "/files", nil, body, http.Header{"Content-Type": {ct}})
+	if res.StatusCode != 200 || decodeWritten(t, b)[0].Path != filepath.Join("/root", other) {
+		t.Fatalf("relative multipart upload: %d %s", res.StatusCode, b)
+	}
+	res, b = e.do("GET", "/files", url.Values{"path": {other}}, nil, nil)
+	if res.StatusCode != 200 || string(b) != "multi" {
+		t.Fatalf("%d %q", res.StatusCode, b)
+	}
+}
+
+// TestUploadReplacesMetadata: an upload's metadata is the file's whole
+// metadata; one without any clears the old, as upstream.
+func TestUploadReplacesMetadata(t *testing.T) {
+	e := newEnv(t)
+	path := filepath.Join(e.dir, "m.txt")
+	raw := func(md map[string]string) []writtenFile {
+		h := http.Header{"Content-Type": {"application/octet-stream"}}
+		for k, v := range md {
+			h.Set("X-Metadata-"+k, v)
+		}
+		res, b := e.do("POST", "/files", url.Values{"path": {path}}, strings.NewReader("x"), h)
+		if res.StatusCode != 200 {
+			t.Fatalf("%d %s", res.StatusCode, b)
+		}
+		return decodeWritten(t, b)
+	}
+	got := raw(map[string]string{"Author": "mish", "Stage": "raw"})
+	if readMetadata(path) == nil {
+		t.Skip("no user xattrs here")
+	}
+	if !maps.Equal(got[0].Metadata, map[string]string{"author": "mish", "stage": "raw"}) {
+		t.Fatalf("response metadata = %v", got[0].Metadata)
+	}
+	got = raw(map[string]string{"Stage": "clean"})
+	if md := readMetadata(path); !maps.Equal(md, map[string]string{"stage": "clean"}) || !maps.Equal(got[0].Metadata, md) {
+		t.Fatalf("after a second upload: %v (response %v)", md, got[0].Metadata)
+	}
+	// Metadata set by other means is the file's too, and goes as well.
+	if err := syscall.Setxattr(path, "user.e2b.extra", []byte("1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Setxattr(path, "user.other", []byte("kept"), 0); err != nil {
+		t.Fatal(err)
+	}
+	got = raw(nil)
+	if md := readMetadata(path); md != nil || got[0].Metadata != nil {
+		t.Fatalf("after an upload without metadata: %v (response %v)", md, got[0].Metadata)
+	}
+	if v, ok := getXattr(path, "user.other"); !ok || v != "kept" {
+		t.Fatal("an xattr outside user.e2b. was removed")
+	}
+	// Metadata that could not be stored is refused before anything is written.
+	for _, h := range []http.Header{
+		{"X-Metadata-K": {"caf\xc3\xa9"}},
+		{"X-Metadata-" + strings.Repeat("k", 250): {"v"}},
+		{"X-Metadata-A": {strings.Repeat("v", 4100)}},
+	} {
+		h.Set("Content-Type", "application/octet-stream")
+		res, b := e.do("POST", "/files", url.Values{"path": {filepath.Join(e.dir, "refused")}}, strings.NewReader("x"), h)
+		wantAPIError(t, res, b, 400)
+		if _, err := os.Stat(filepath.Join(e.dir, "refused")); !os.IsNotExist(err) {
+			t.Fatal("a refused upload created its file")
+		}
+	}
+}
+
+// TestDownloadProcFiles: procfs and sysfs files report size 0 and may not
+// seek; they are streamed.
+func TestDownloadProcFiles(t *testing.T) {
+	e := newEnv(t)
+	for _, p := range []string{"/proc/sys/kernel/random/boot_id", "/proc/self/status", "/sys/kernel/mm/transparent_hugepage/enabled"} {
+		want, err := os.ReadFile(p)
+		if err != nil {
+			continue // not on this kernel
+		}
+		res, b := e.do("GET", "/files", url.Values{"path": {p}}, nil, nil)
+		if res.StatusCode != 200 || len(b) == 0 {
+			t.Fatalf("%s: %d %q", p, res.StatusCode, b)
+		}
+		if p != "/proc/self/status" && string(b) != string(want) {
+			t.Fatalf("%s: got %q, want %q", p, b, want)
+		}
+	}
+	// An empty regular file is still an empty 200.
+	mustWrite(t, filepath.Join(e.dir, "empty"), "")
+	res, b := e.do("GET", "/files", url.Values{"path": {filepath.Join(e.dir, "empty")}}, nil, nil)
+	if res.StatusCode != 200 || len(b) != 0 {
+		t.Fatalf("empty file: %d %q", res.StatusCode, b)
 	}
 }
 

@@ -221,7 +221,8 @@ func copyFile(src, dst string, fi fs.FileInfo) error {
 	return out.Close()
 }
 
-// Remove deletes a file or a directory tree.
+// Remove deletes a file or a directory tree; removing what does not exist
+// succeeds.
 func (s *fsService) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
 	_, path, err := s.resolve(req.Header(), req.Msg.GetPath())
 	if err != nil {
@@ -230,13 +231,9 @@ func (s *fsService) Remove(ctx context.Context, req *connect.Request[filesystem.
 	if path == "/" {
 		return nil, connectError("Remove", invalidf("refusing to remove /"))
 	}
-	if _, err := os.Lstat(path); err != nil {
-		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
-			return nil, connectError("Remove", notFoundf("path not found: %s", path))
-		}
-		return nil, connectError("Remove", fmt.Errorf("stating %s: %w", path, err))
-	}
-	if err := os.RemoveAll(path); err != nil {
+	// A path that does not exist is already removed: success, as upstream
+	// (os.RemoveAll).
+	if err := os.RemoveAll(path); err != nil && !errors.Is(err, syscall.ENOTDIR) {
 		return nil, connectError("Remove", fmt.Errorf("removing %s: %w", path, err))
 	}
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil

@@ -2,6 +2,7 @@ package envd
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cellfork/cellfork/internal/agent"
 	"github.com/cellfork/cellfork/internal/envd/filesystem"
 )
 
@@ -84,20 +86,57 @@ func TestStat(t *testing.T) {
 	wantCode(t, err, connect.CodeInvalidArgument)
 }
 
-func TestStatRefusesRelativePaths(t *testing.T) {
+// TestRelativePathsResolveAgainstHome: as upstream envd, a relative path is
+// relative to the user's home (not the workdir), ".." included; "" is the
+// workdir.
+func TestRelativePathsResolveAgainstHome(t *testing.T) {
 	e := newEnv(t)
 	got, err := e.stat("~")
 	if err != nil || got.GetPath() != "/root" {
 		t.Fatalf("~ = %v (%v)", got, err)
 	}
-	_, err = e.stat("no-such-file-cellfork-test")
-	wantCode(t, err, connect.CodeInvalidArgument)
-	if !strings.Contains(err.Error(), "/root/no-such-file-cellfork-test") {
-		t.Fatalf("message does not suggest the absolute path: %v", err)
+	name := fmt.Sprintf(".cellfork-envd-test-%d", os.Getpid())
+	mustWrite(t, filepath.Join("/root", name), "x")
+	t.Cleanup(func() { _ = os.Remove(filepath.Join("/root", name)) })
+	for _, p := range []string{name, "./" + name, "sub/../" + name} {
+		got, err = e.stat(p)
+		if err != nil || got.GetPath() != filepath.Join("/root", name) {
+			t.Fatalf("%q = %v (%v)", p, got, err)
+		}
 	}
+	got, err = e.stat("../root/" + name)
+	if err != nil || got.GetPath() != filepath.Join("/root", name) {
+		t.Fatalf("../root/x = %v (%v)", got, err)
+	}
+	_, err = e.stat("no-such-file-cellfork-test")
+	wantCode(t, err, connect.CodeNotFound)
 	got, err = e.stat("")
 	if err != nil || got.GetPath() != e.dir {
 		t.Fatalf("empty path = %v (%v), want the workdir", got, err)
+	}
+}
+
+func TestResolvePath(t *testing.T) {
+	acc := agent.Account{Name: "user", Home: "/home/user"}
+	for _, c := range []struct{ in, workdir, want string }{
+		{"data.csv", "/work", "/home/user/data.csv"},
+		{"a/b/../c", "", "/home/user/a/c"},
+		{"../../../../etc/passwd", "", "/etc/passwd"},
+		{".", "", "/home/user"},
+		{"", "/work", "/work"},
+		{"", "", "/home/user"},
+		{"~/x", "", "/home/user/x"},
+		{"/abs//p/", "", "/abs/p"},
+	} {
+		got, err := resolvePath(c.in, acc, c.workdir)
+		if err != nil || got != c.want {
+			t.Errorf("resolvePath(%q, workdir %q) = %q, %v; want %q", c.in, c.workdir, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"~root/x", "a\x00b", strings.Repeat("a/", 2100)} {
+		if _, err := resolvePath(bad, acc, ""); classify(err) != kindInvalid {
+			t.Errorf("resolvePath(%.20q) = %v, want invalid", bad, err)
+		}
 	}
 }
 
@@ -256,9 +295,15 @@ func TestRemove(t *testing.T) {
 			t.Fatalf("%s still exists", p)
 		}
 	}
-	_, err := e.fs.Remove(ctx, connect.NewRequest(&filesystem.RemoveRequest{Path: filepath.Join(e.dir, "tree")}))
-	wantCode(t, err, connect.CodeNotFound)
-	_, err = e.fs.Remove(ctx, connect.NewRequest(&filesystem.RemoveRequest{Path: "/"}))
+	// What does not exist is already removed, as upstream (os.RemoveAll),
+	// also below a file.
+	mustWrite(t, filepath.Join(e.dir, "file"), "1")
+	for _, p := range []string{filepath.Join(e.dir, "tree"), filepath.Join(e.dir, "file", "below")} {
+		if _, err := e.fs.Remove(ctx, connect.NewRequest(&filesystem.RemoveRequest{Path: p})); err != nil {
+			t.Fatalf("removing missing %s: %v", p, err)
+		}
+	}
+	_, err := e.fs.Remove(ctx, connect.NewRequest(&filesystem.RemoveRequest{Path: "/"}))
 	wantCode(t, err, connect.CodeInvalidArgument)
 }
 

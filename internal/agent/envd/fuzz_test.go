@@ -38,8 +38,8 @@ func FuzzResolvePath(f *testing.F) {
 		if filepath.IsAbs(p) && got != filepath.Clean(p) {
 			t.Fatalf("absolute %q became %q", p, got)
 		}
-		if p != "" && !filepath.IsAbs(p) && p[0] != '~' {
-			t.Fatalf("relative %q was accepted as %q", p, got)
+		if p != "" && !filepath.IsAbs(p) && p[0] != '~' && got != filepath.Join(fuzzAccount.Home, p) {
+			t.Fatalf("relative %q became %q, not relative to the home directory", p, got)
 		}
 	})
 }

@@ -107,3 +107,8 @@ func wantCode(t *testing.T, err error, code connect.Code) {
 		t.Fatalf("got %v (%v), want %v", got, err, code)
 	}
 }
+
+func init() {
+	// Not the agent's /run on the host running the tests.
+	watchBarrierRoot = filepath.Join(os.TempDir(), "cellfork-envd-test-barriers")
+}

@@ -305,8 +305,24 @@ func (s *processService) SendSignal(ctx context.Context, req *connect.Request[pr
 	if err != nil {
 		return nil, connectError("SendSignal", err)
 	}
+	if sig == syscall.SIGKILL {
+		// Answer once the process is gone (reaped), up to killWait: a
+		// `kill -0 <pid>` sent right after the answer must not find it.
+		// Over E2B's network the round trip hides the moment between.
+		t := time.NewTimer(killWait)
+		defer t.Stop()
+		select {
+		case <-p.reaped:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
 	return connect.NewResponse(&process.SendSignalResponse{}), nil
 }
+
+// killWait bounds how long SendSignal(SIGKILL) waits for the process to be
+// reaped.
+const killWait = 2 * time.Second
 
 // CloseStdin closes the stdin pipe of a process.
 func (s *processService) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {

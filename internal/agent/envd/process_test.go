@@ -3,6 +3,7 @@ package envd
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"syscall"
@@ -232,6 +233,29 @@ func TestStdinDisabled(t *testing.T) {
 	wantCode(t, err, connect.CodeFailedPrecondition)
 	if _, err := e.proc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{Process: sel, Signal: process.Signal_SIGNAL_SIGKILL})); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSendSignalKillAnswersWhenGone: once SendSignal(SIGKILL) has answered,
+// the process no longer exists (not even as a zombie), every time.
+func TestSendSignalKillAnswersWhenGone(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxTimeout(t, 60*time.Second)
+	for i := range 30 {
+		s, err := e.proc.Start(ctx, connect.NewRequest(bash("sleep 30")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Receive()
+		pid := s.Msg().GetEvent().GetStart().GetPid()
+		sel := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}
+		if _, err := e.proc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{Process: sel, Signal: process.Signal_SIGNAL_SIGKILL})); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(int(pid), 0); !errors.Is(err, syscall.ESRCH) {
+			t.Fatalf("kill %d: process %d still there after SIGKILL answered (%v)", i, pid, err)
+		}
+		s.Close()
 	}
 }
 

@@ -34,15 +34,26 @@ type dirWatcher struct {
 	recursive    bool
 	includeEntry bool
 	w            *fsnotify.Watcher
-	events       chan *filesystem.FilesystemEvent // closed when the watcher stops
-	errs         chan error                       // at most one error
+	events       chan watchItem // closed when the watcher stops
+	errs         chan error     // at most one error
 	stop         chan struct{}
 	stopOnce     sync.Once
+	barrierRoot  string   // the agent's barrier directories, never reported
+	barrier      *barrier // nil when the agent has no barrier directory
+}
+
+// watchItem is an event, or a barrier that every event before it has
+// passed (barrier > 0).
+type watchItem struct {
+	ev      *filesystem.FilesystemEvent
+	barrier uint64
 }
 
 type watchOptions struct {
 	path                                  string
 	recursive, includeEntry, allowNetwork bool
+	polled                                bool   // CreateWatcher's: polls need barriers
+	barrierRoot                           string // watchBarrierRoot
 }
 
 func newDirWatcher(o watchOptions) (*dirWatcher, error) {
@@ -66,13 +77,17 @@ func newDirWatcher(o watchOptions) (*dirWatcher, error) {
 	}
 	d := &dirWatcher{
 		root: o.path, recursive: o.recursive, includeEntry: o.includeEntry, w: w,
-		events: make(chan *filesystem.FilesystemEvent, 256),
+		events: make(chan watchItem, 256),
 		errs:   make(chan error, 1),
 		stop:   make(chan struct{}),
 	}
 	if err := w.Add(o.path); err != nil {
 		_ = w.Close()
 		return nil, fmt.Errorf("watching %s: %w", o.path, err)
+	}
+	d.barrierRoot = o.barrierRoot
+	if o.polled && o.barrierRoot != "" {
+		d.barrier = newBarrier(o.barrierRoot, w) // nil if it cannot be made
 	}
 	if o.recursive {
 		d.addTree(o.path, false)
@@ -86,6 +101,7 @@ func (d *dirWatcher) close() {
 	d.stopOnce.Do(func() {
 		close(d.stop)
 		_ = d.w.Close()
+		d.barrier.remove()
 	})
 }
 
@@ -97,6 +113,9 @@ func (d *dirWatcher) addTree(dir string, announce bool) {
 	_ = filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
 		if err != nil || p == dir {
 			return nil
+		}
+		if d.isBarrierPath(p) {
+			return filepath.SkipDir
 		}
 		if announce {
 			op := fsnotify.Create
@@ -136,6 +155,17 @@ func (d *dirWatcher) run() {
 }
 
 func (d *dirWatcher) handle(ev fsnotify.Event) {
+	if d.isBarrierPath(ev.Name) {
+		// The agent's own: never reported. This watcher's barrier says
+		// that every event before it was handled.
+		if n, ok := d.barrier.reached(ev); ok {
+			select {
+			case d.events <- watchItem{barrier: n}:
+			case <-d.stop:
+			}
+		}
+		return
+	}
 	d.emit(ev.Name, ev.Op)
 	if !d.recursive {
 		return
@@ -179,7 +209,7 @@ func (d *dirWatcher) emit(path string, op fsnotify.Op) {
 			continue
 		}
 		select {
-		case d.events <- &filesystem.FilesystemEvent{Name: name, Type: et.t, Entry: entry}:
+		case d.events <- watchItem{ev: &filesystem.FilesystemEvent{Name: name, Type: et.t, Entry: entry}}:
 		case <-d.stop:
 			return
 		}
@@ -206,11 +236,14 @@ func (s *fsService) WatchDir(ctx context.Context, req *connect.Request[filesyste
 	for {
 		var msg *filesystem.WatchDirResponse
 		select {
-		case ev, ok := <-d.events:
+		case it, ok := <-d.events:
 			if !ok {
 				return connectError("WatchDir", errors.New("watcher stopped"))
 			}
-			msg = &filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Filesystem{Filesystem: ev}}
+			if it.ev == nil {
+				continue // a barrier: streams need none
+			}
+			msg = &filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Filesystem{Filesystem: it.ev}}
 		case err := <-d.errs:
 			return connectError("WatchDir", err)
 		case <-timer.C:
@@ -231,6 +264,7 @@ func (s *fsService) openWatcher(h http.Header, o watchOptions) (*dirWatcher, err
 		return nil, err
 	}
 	o.path = path
+	o.barrierRoot = watchBarrierRoot
 	return newDirWatcher(o)
 }
 
@@ -239,28 +273,68 @@ func (s *fsService) openWatcher(h http.Header, o watchOptions) (*dirWatcher, err
 type polledWatcher struct {
 	d *dirWatcher
 
-	mu     sync.Mutex
-	events []*filesystem.FilesystemEvent
-	err    error
+	mu      sync.Mutex
+	events  []*filesystem.FilesystemEvent
+	err     error
+	reached uint64        // the last barrier collected
+	moved   chan struct{} // closed and replaced when reached moves
+}
+
+func newPolledWatcher(d *dirWatcher) *polledWatcher {
+	p := &polledWatcher{d: d, moved: make(chan struct{})}
+	go p.collect()
+	return p
 }
 
 func (p *polledWatcher) collect() {
 	for {
 		select {
-		case ev, ok := <-p.d.events:
+		case it, ok := <-p.d.events:
 			if !ok {
 				return
 			}
 			p.mu.Lock()
+			if it.ev == nil {
+				p.reached = max(p.reached, it.barrier)
+				close(p.moved)
+				p.moved = make(chan struct{})
+				p.mu.Unlock()
+				continue
+			}
 			if len(p.events) >= maxPolledEvents {
 				p.events = p.events[1:]
 			}
-			p.events = append(p.events, ev)
+			p.events = append(p.events, it.ev)
 			p.mu.Unlock()
 		case err := <-p.d.errs:
 			p.mu.Lock()
 			p.err = err
 			p.mu.Unlock()
+		}
+	}
+}
+
+// drain waits, up to barrierWait, until every event the kernel had queued
+// for the watcher when drain was called has been collected: a write that
+// returned before this poll is in its answer.
+func (p *polledWatcher) drain(ctx context.Context) {
+	n, ok := p.d.barrier.raise()
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, barrierWait)
+	defer cancel()
+	for {
+		p.mu.Lock()
+		done, moved := p.reached >= n, p.moved
+		p.mu.Unlock()
+		if done {
+			return
+		}
+		select {
+		case <-moved:
+		case <-ctx.Done():
+			return // answer with what arrived
 		}
 	}
 }
@@ -298,12 +372,12 @@ func (s *fsService) CreateWatcher(ctx context.Context, req *connect.Request[file
 	d, err := s.openWatcher(req.Header(), watchOptions{
 		path: req.Msg.GetPath(), recursive: req.Msg.GetRecursive(),
 		includeEntry: req.Msg.GetIncludeEntry(), allowNetwork: req.Msg.GetAllowNetworkMounts(),
+		polled: true,
 	})
 	if err != nil {
 		return nil, connectError("CreateWatcher", err)
 	}
-	p := &polledWatcher{d: d}
-	go p.collect()
+	p := newPolledWatcher(d)
 	id := requestID()
 	s.watchers.mu.Lock()
 	s.watchers.watchers[id] = p
@@ -311,12 +385,14 @@ func (s *fsService) CreateWatcher(ctx context.Context, req *connect.Request[file
 	return connect.NewResponse(&filesystem.CreateWatcherResponse{WatcherId: id}), nil
 }
 
-// GetWatcherEvents returns the events since the previous call.
+// GetWatcherEvents returns the events since the previous call, including
+// those of every change made before the call (see drain).
 func (s *fsService) GetWatcherEvents(ctx context.Context, req *connect.Request[filesystem.GetWatcherEventsRequest]) (*connect.Response[filesystem.GetWatcherEventsResponse], error) {
 	p, err := s.watchers.get(req.Msg.GetWatcherId())
 	if err != nil {
 		return nil, connectError("GetWatcherEvents", err)
 	}
+	p.drain(ctx)
 	evs, err := p.take()
 	if err != nil {
 		return nil, connectError("GetWatcherEvents", err)

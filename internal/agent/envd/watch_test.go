@@ -2,9 +2,11 @@ package envd
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,4 +153,52 @@ func TestPollingWatcher(t *testing.T) {
 	wantCode(t, err, connect.CodeNotFound)
 	_, err = e.fs.RemoveWatcher(ctx, connect.NewRequest(&filesystem.RemoveWatcherRequest{WatcherId: id}))
 	wantCode(t, err, connect.CodeNotFound)
+}
+
+// TestPollSeesPrecedingWrite: a poll that follows a write answers with the
+// write's events, every time (the poll drains what the kernel queued).
+func TestPollSeesPrecedingWrite(t *testing.T) {
+	// The barriers inside the watched tree: they must not show. Set before
+	// the agent starts and restored after it stopped (cleanups run last
+	// first).
+	root, dir := watchBarrierRoot, t.TempDir()
+	watchBarrierRoot = filepath.Join(dir, ".barriers")
+	t.Cleanup(func() { watchBarrierRoot = root })
+	e := newEnv(t)
+	ctx := ctxTimeout(t, 60*time.Second)
+	res, err := e.fs.CreateWatcher(ctx, connect.NewRequest(&filesystem.CreateWatcherRequest{Path: dir, Recursive: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.Msg.GetWatcherId()
+	get := func() []string {
+		r, err := e.fs.GetWatcherEvents(ctx, connect.NewRequest(&filesystem.GetWatcherEventsRequest{WatcherId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for _, ev := range r.Msg.GetEvents() {
+			keys = append(keys, eventKey(ev))
+		}
+		return keys
+	}
+	for i := range 200 {
+		name := fmt.Sprintf("f%d", i)
+		mustWrite(t, filepath.Join(dir, name), "x")
+		keys := get()
+		if !slices.Contains(keys, "EVENT_TYPE_WRITE "+name) {
+			t.Fatalf("write %d: the poll right after it answered %v", i, keys)
+		}
+		for _, k := range keys {
+			if strings.Contains(k, ".barriers") {
+				t.Fatalf("a barrier showed as an event: %s", k)
+			}
+		}
+	}
+	if _, err := e.fs.RemoveWatcher(ctx, connect.NewRequest(&filesystem.RemoveWatcherRequest{WatcherId: id})); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(watchBarrierRoot); len(left) != 0 {
+		t.Fatalf("barrier directories left: %v", left)
+	}
 }

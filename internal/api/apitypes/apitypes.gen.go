@@ -654,7 +654,9 @@ type Sandbox struct {
 	// Example: cellfork
 	ClientID string `json:"clientID"`
 
-	// Domain `--domain` (`CELLFORK_DOMAIN`), or null when unset.
+	// Domain `--domain` (`CELLFORK_DOMAIN`); without it, the address the
+	// request reached (a loopback address as `localhost:<port>`), so
+	// that `get_host(port)` = `{port}-{id}.{domain}` names this daemon.
 	Domain *string `json:"domain"`
 
 	// EnvdAccessToken Send as `X-Access-Token` on data-plane requests to ports 49983/49999.
