@@ -98,7 +98,8 @@ rm "$tmp/src/cellfork_seccompgen.go"
 say "compiling runsc"
 (cd "$tmp/src" && CGO_ENABLED=0 go build -trimpath \
   -ldflags "-X gvisor.dev/gvisor/runsc/version.version=$id" -o "$tmp/runsc" ./runsc) >&2 || die "compiling runsc failed"
-got=$("$tmp/runsc" --version | head -n1)
+got=$("$tmp/runsc" --version) || die "the built runsc does not run"
+got=${got%%$'\n'*}
 [ "$got" = "runsc version $id" ] || die "the built runsc says \"$got\", not \"runsc version $id\""
 mkdir "$tmp/gvisor-bin"
 ln "$tmp/runsc" "$tmp/gvisor-bin/gvisor_sentry"
