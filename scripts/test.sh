@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh: every test. Assumes `make setup template` ran (make test does it).
 #  1. Go: vet, generated code up to date, unit tests and the integration
-#     tests (test/integration starts its own daemon with real gVisor sandboxes).
+#     tests (test/integration starts its own daemon with real gVisor sandboxes),
+#     and gVisor's own unit tests of the packages patches/gvisor changes.
 #  2. Python: our SDK's tests and the official E2B SDK conformance suite,
 #     against a test daemon on its own port and data directory.
 #  3. Fuzz: schemathesis drives every operation of internal/api/openapi.yaml
@@ -24,6 +25,9 @@ bash scripts/check-generated.sh
 
 step "go test (unit + integration with real gVisor sandboxes)"
 CELLFORK_TEMPLATE_DIR="${DATA_DIR:-/var/lib/cellfork}/templates" go test -race -count=1 -timeout 20m ./...
+
+step "gVisor's unit tests of the patched packages (against the patched source)"
+bash scripts/test-gvisor.sh
 
 step "python tests against a test daemon"
 . scripts/lib.sh

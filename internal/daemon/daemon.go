@@ -6,6 +6,7 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -19,6 +20,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cellfork/cellfork/internal/api"
 	"github.com/cellfork/cellfork/internal/manager"
@@ -166,7 +169,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		PoolReady: cfg.PoolReady, PoolShells: cfg.PoolShells, StandbySnapshots: cfg.StandbySnapshots,
 		StartConcurrency: cfg.StartConcurrency,
 		StartQueue:       cfg.StartQueue, StartWait: cfg.StartWait, SnapshotCapBytes: cfg.SnapshotCapBytes,
-		MaxFork: cfg.MaxFork, SpillAfter: cfg.SpillAfter, DNS: cfg.DNS, AgentPath: agentPath,
+		MaxFork: cfg.MaxFork, SpillAfter: cfg.SpillAfter, DNS: cfg.DNS, AgentPath: agentPath, RuntimeBuild: rt.Build(),
+		ForkDir: forkDir(cfg.DataDir),
 	}, rt, st, tpl, log)
 	if err := m.Reconcile(ctx); err != nil {
 		log.Warn("reconcile incomplete", "err", err)
@@ -233,4 +237,16 @@ func loadOrCreateKey(path string) (key string, created bool, err error) {
 		return "", false, fmt.Errorf("storing API key: %w", err)
 	}
 	return key, true, nil
+}
+
+// forkDir is where fork's images go: in memory (/dev/shm, a tmpfs) when
+// the host has it, named after the data directory so that daemons on
+// other data directories never share it; else beside the data.
+func forkDir(dataDir string) string {
+	var fs unix.Statfs_t
+	if unix.Statfs("/dev/shm", &fs) != nil || fs.Type != unix.TMPFS_MAGIC {
+		return filepath.Join(dataDir, "forks")
+	}
+	sum := sha256.Sum256([]byte(dataDir))
+	return filepath.Join("/dev/shm", "cellfork-"+hex.EncodeToString(sum[:3]), "forks")
 }

@@ -65,6 +65,14 @@ type Config struct {
 	// AgentPath is the agent's executable inside sandboxes (per version:
 	// template.Registry.AgentPath).
 	AgentPath string
+	// RuntimeBuild identifies the runtime's build (runsc's version), which
+	// restores only images it wrote: it keys the warm images.
+	RuntimeBuild string
+	// ForkDir holds fork's images, which live from the fork's checkpoint
+	// until its children are restored: memory (tmpfs) when there is some,
+	// so that a fork never goes through the data disk. Default
+	// DataDir/forks.
+	ForkDir string
 	// DNS are the upstream resolvers (host:port) that answer for the
 	// sandboxes' resolvers.
 	DNS []string

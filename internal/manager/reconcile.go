@@ -67,6 +67,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	removeUnknown(filepath.Join(m.cfg.DataDir, "runtimes"), func(p string) bool { return keep[filepath.Base(p)] })
 	removeUnknown(filepath.Join(m.cfg.DataDir, "paused"), func(p string) bool { return keep[p] })
 	removeUnknown(filepath.Join(m.cfg.DataDir, "forks"), func(string) bool { return false })
+	removeUnknown(m.forkDir(), func(string) bool { return false })
 	errs = append(errs, m.reconcileSnapshots(ctx))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("reconciling: %w", err)

@@ -22,6 +22,14 @@ import (
 
 func (m *Manager) snapshotDir(id string) string { return filepath.Join(m.cfg.DataDir, "snapshots", id) }
 
+// forkDir holds the images of forks in progress (Config.ForkDir).
+func (m *Manager) forkDir() string {
+	if m.cfg.ForkDir != "" {
+		return m.cfg.ForkDir
+	}
+	return filepath.Join(m.cfg.DataDir, "forks")
+}
+
 var snapshotNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
 
 // findSnapshot looks a snapshot up by id, then by name.
@@ -387,7 +395,7 @@ func (m *Manager) Fork(ctx context.Context, id string, n int, timeout time.Durat
 		l.mu.Unlock()
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: resume it before forking", id)
 	}
-	img := filepath.Join(m.cfg.DataDir, "forks", randomHex(8))
+	img := filepath.Join(m.forkDir(), randomHex(8))
 	err = m.checkpointInto(ctx, l.box.rid, img, true)
 	parent, limits := cloneRecord(l.rec), l.box.limits
 	l.mu.Unlock()

@@ -28,7 +28,7 @@ func (m *Manager) Warm(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	key, err := m.tpl.WarmKey(name, m.bootKey(name))
+	key, err := m.tpl.WarmKey(name, m.cfg.RuntimeBuild, m.bootKey(name))
 	if err != nil {
 		return err
 	}
@@ -120,11 +120,17 @@ func pruneWarm(dir, keep string) {
 	}
 }
 
-// imageSize is the bytes an image directory takes on disk.
+// imageSize is the bytes an image directory holds of its own: not its
+// base-*.img, the images it references instead of holding their pages
+// (internal/runtime/gvisor/bases.go), which are links to files other
+// images hold.
 func imageSize(dir string) int64 {
 	var n int64
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "base-") {
+			continue
+		}
 		if fi, err := e.Info(); err == nil {
 			n += fi.Size()
 		}
