@@ -14,8 +14,9 @@ alternating A and B sample by sample so that both see the same machine:
   create` first, untimed, as the daemon's prepared shells), timed to the end
   of `runsc restore`, then the agent must accept TCP;
 * fork: n parallel restores into new containers (wall);
-* checkpoint: `runsc checkpoint --leave-running` of the parent (the
-  snapshot's work), image size;
+* checkpoint: `runsc checkpoint --leave-running` of a sandbox restored
+  from the image and used once (a snapshot's, fork's or spill's work: what
+  the daemon checkpoints is always restored), and the image's own size;
 * pss: PSS of a restored, idle sandbox (sentry + gofer), 2 s after restore.
 
 Every runsc call logs to a debug-log directory; the tables take their
@@ -61,10 +62,11 @@ class Side:
         out = subprocess.run([self.bin, "--version"], capture_output=True, text=True, check=True).stdout
         self.build = out.split("\n")[0].removeprefix("runsc version ")
         self.flags = flags.split() if flags else []
-        self.logs = os.path.join(fork.DATA, f"ab-logs-{name}")
+        # CELLFORK_AB_KEEP_LOGS=DIR keeps the sentry logs there after the run.
+        self.logs = os.path.join(os.environ.get("CELLFORK_AB_KEEP_LOGS") or fork.DATA, f"ab-logs-{name}")
         os.makedirs(self.logs, exist_ok=True)
         self.raw = Raw(self.bin, [f"--debug-log={self.logs}/runsc.%ID%.%COMMAND%.%TIMESTAMP%.txt"])
-        self.parent = self.image = self.spec = None
+        self.parent = self.image = self.spec = self.child = None
 
     def label(self):
         extra = " ".join(self.flags) + (" +THP" if self.thp else "")
@@ -139,6 +141,12 @@ PHASES_RESTORE = [
     ("page metadata loaded in", re.compile(r"loaded metadata in " + DUR)),
 ]
 PHASES_SAVE = [
+    ("stop time (Stopping time for save took)", re.compile(r"Stopping time for save took \[" + DUR)),
+    ("evictions (Evictions for save took)", re.compile(r"Evictions for save took \[" + DUR)),
+    ("drop host-file mappings (Invalidating unsavable mappings took)", re.compile(r"Invalidating unsavable mappings took \[" + DUR)),
+    ("prepare filesystems (Preparing filesystems for save took)", re.compile(r"Preparing filesystems for save took \[" + DUR)),
+    ("  gofer: evict cached dentries", re.compile(r"evicting cached dentries took \[" + DUR)),
+    ("  gofer: flush files", re.compile(r"flushing written files \[" + DUR)),
     ("zero scan (save scanning took)", re.compile(r"save scanning took " + DUR)),
     ("kernel-state encode (Kernel save took)", re.compile(r"Kernel save took \[" + DUR)),
     ("page writes (async, total)", re.compile(r"Async page saving completed in " + DUR)),
@@ -272,12 +280,14 @@ def raw_checkpoint(side, cid):
 
 
 def checkpoint(side):
+    """A leave-running checkpoint of the side's restored child; its own size."""
     t0 = time.time()
-    t, img = raw_checkpoint(side, side.parent)
-    size = dir_mb(img)
+    t, img = raw_checkpoint(side, side.child)
+    size = sum(os.path.getsize(f) for f in glob.glob(os.path.join(img, "*"))
+               if not os.path.basename(f).startswith("base-")) / 2**20
     rm(img)
     time.sleep(0.2)
-    return t, size, phases_in(logs_of(side, side.parent), PHASES_SAVE, since=t0 - 0.5)
+    return t, size, phases_in(logs_of(side, side.child), PHASES_SAVE, since=t0 - 0.5)
 
 
 def pss(side):
@@ -322,6 +332,12 @@ def main():
             t, img = raw_checkpoint(s, s.parent)
             s.image = img
             log(f"{s.name}: image {dir_mb(img):.0f} MB")
+            if "checkpoint" in ops:
+                # The sandbox the checkpoint samples save: restored, used.
+                with thp(s.thp):
+                    s.child = s.raw.setup(s.spec, prepared=False)
+                s.raw.restore(s.child, s.image)
+                first_exec(s, s.child)
         for i in range(args.n):
             order = sides if i % 2 == 0 else sides[::-1]
             for s in order:
@@ -372,9 +388,9 @@ def main():
     pair("`runsc restore` into a pre-created container", "restore")
     phase_pair("rphase", PHASES_RESTORE)
     pair(f"{args.fork} parallel `runsc restore` into new containers (wall)", "fork")
-    pair("`runsc checkpoint --leave-running` of the parent", "ckpt")
+    pair("`runsc checkpoint --leave-running` of a restored sandbox", "ckpt")
     phase_pair("sphase", PHASES_SAVE)
-    pair("image size (MB)", "size", unit="MB")
+    pair("checkpoint's own size, without the images it references (MB)", "size", unit="MB")
     pair("PSS of a restored idle sandbox (MB)", "pss", unit="MB")
     print(t.render())
     for s in sides:
@@ -382,7 +398,8 @@ def main():
             print(f"#### {s.label()}: one restore's timeline (sentry log; GOMAXPROCS peaked at {procs.get(s.name)})\n")
             print("```\n" + (timers[s.name] or "(no 'Timer for Restore' in the sentry log)") + "\n```\n")
     for s in sides:
-        shutil.rmtree(s.logs, ignore_errors=True)
+        if not os.environ.get("CELLFORK_AB_KEEP_LOGS"):
+            shutil.rmtree(s.logs, ignore_errors=True)
     return 0
 
 
