@@ -34,7 +34,8 @@ Methods
 * Ratio = cellfork p50 / raw p50. Targets are judged on p50 (fork(5): client
   wall until all five answer run_code).
 * Density: PSS (/proc/PID/smaps_rollup) summed over the processes whose
-  command line holds the runtime id (runsc sandbox + gofer). Pooled boxes are
+  command line holds the runtime id (runsc sandbox + gofer) and their
+  children (the sentry's systrap stubs, which map the application memory). Pooled boxes are
   containers in the daemon's runsc root no sandbox record points to (running
   = ready, created = prepared shell).
 * Snapshot vs dirty memory: one sandbox (memoryMB 2048) dirties N MB in its
@@ -245,23 +246,40 @@ def wait_pool(ready=2, shells=2, standby=None):
     return False
 
 
-def pss_mb(rids):
-    """PSS (MB) summed over the processes whose command line holds each id."""
+def pss_mb(rids, fields=("Pss:",)):
+    """PSS (MB) summed over the processes whose command line holds each id,
+    and their children (the sentry's systrap stubs, which have no command
+    line of their own: they map the sandbox's application memory)."""
     out = {r: 0 for r in rids}
+    owner, parent = {}, {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
-            hit = [r for r in rids if r in cmd]
-            if not hit:
-                continue
+            parent[pid] = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+        except OSError:
+            continue
+        hit = [r for r in rids if r in cmd]
+        if hit:
+            owner[pid] = hit[0]
+    for pid, ppid in parent.items():
+        if pid not in owner and ppid in owner:
+            owner[pid] = owner[ppid]
+    for pid, rid in owner.items():
+        try:
             for line in open(f"/proc/{pid}/smaps_rollup"):
-                if line.startswith("Pss:"):
-                    out[hit[0]] += int(line.split()[1]) / 1024
+                if line.startswith(fields):
+                    out[rid] += int(line.split()[1]) / 1024
         except OSError:
             continue
     return out
+
+
+def uss_mb(rids):
+    """Memory (MB) only each sandbox's processes hold: their private pages
+    (USS), what destroying the sandbox gives back."""
+    return pss_mb(rids, fields=("Private_Clean:", "Private_Dirty:"))
 
 
 # --- raw runsc ------------------------------------------------------------------
@@ -418,6 +436,7 @@ def op_density(api, raw, C):
     ready, shells = pool_state()
     src = spec_of(ready[0])
     pr, ps = pss_mb(ready), pss_mb(shells)
+    ur = uss_mb(ready)
     sbs = [api.create()[0] for _ in range(C["density"])]
     api.run_all(sbs, "print(1)", "1")
     time.sleep(2)
@@ -432,6 +451,7 @@ def op_density(api, raw, C):
     finally:
         raw.delete(cid)
     t.add("idle pooled sandbox, ready (warm image restored, agent up)", list(pr.values()), prw, target=40, unit="MB")
+    t.add("  · of which its own pages (USS: what destroying it frees)", list(ur.values()), unit="MB")
     t.add("idle prepared shell (`runsc create`, nothing restored)", list(ps.values()))
     t.add("idle created sandbox (after one run_code)", list(pc.values()), prw)
     t.add("raw: warm image restored by `runsc restore`", prw)
@@ -462,9 +482,11 @@ def op_scale(api, raw, C):
                 sbs.append(sb)
                 api.run_code(sb, "print(1)", "1")
             time.sleep(3)  # background loads and refills settle
-            pss = list(pss_mb([rid_of(s) for s in sbs]).values())
+            rids = [rid_of(s) for s in sbs]
+            pss = list(pss_mb(rids).values())
+            uss = list(uss_mb(rids).values())
             used = avail0 - meminfo_mb("MemAvailable")
-            rows.append((target, med(pss), sum(pss), used))
+            rows.append((target, med(pss), med(uss), sum(pss), used))
             log(f"scale: {target} sandboxes, PSS p50 {med(pss):.1f} MB, sum {sum(pss):.0f} MB, host memory used {used:.0f} MB")
     finally:
         api.kill_all(sbs)
@@ -473,12 +495,12 @@ def op_scale(api, raw, C):
             f"then PSS of each (runsc sandbox + gofer processes, /proc/PID/smaps_rollup) and the host memory they took "
             f"(drop of MemAvailable since before the first; includes the daemon's pool refills and whatever else ran). "
             f"Extrapolated: 90% of this host's {total / 1024:.1f} GiB divided by the memory per sandbox at the largest N.\n\n"
-            "| sandboxes | PSS per sandbox, p50 (MB) | PSS, all (MB) | host memory used (MB) | per sandbox (MB) | sandboxes in 90% of the host (extrapolated) |\n"
-            "|---|---|---|---|---|---|")
+            "| sandboxes | PSS per sandbox, p50 (MB) | USS (own pages) per sandbox, p50 (MB) | PSS, all (MB) | host memory used (MB) | per sandbox (MB) | sandboxes in 90% of the host (extrapolated) |\n"
+            "|---|---|---|---|---|---|---|")
     lines = [head]
-    for n, p50, psum, used in rows:
+    for n, p50, u50, psum, used in rows:
         per = max(used, psum) / n
-        lines.append(f"| {n} | {p50:.1f} | {psum:.0f} | {used:.0f} | {per:.1f} | {int(0.9 * total / per)} |")
+        lines.append(f"| {n} | {p50:.1f} | {u50:.1f} | {psum:.0f} | {used:.0f} | {per:.1f} | {int(0.9 * total / per)} |")
     return [Rendered("\n".join(lines) + "\n")]
 
 

@@ -297,7 +297,7 @@ def pss(side):
             side.raw.restore(cid, side.image)
         side.raw.check(cid)
         time.sleep(2)
-        return list(fork.pss_mb([cid]).values())[0]
+        return fork.pss_mb([cid])[cid], fork.uss_mb([cid])[cid]
     finally:
         side.raw.delete(cid)
 
@@ -323,7 +323,7 @@ def main():
     if src is None:
         raise SystemExit("the daemon has no ready sandbox to take a bundle from")
     t_start, load0 = time.time(), os.getloadavg()[0]
-    res = {s.name: {"restore": [], "rphase": [], "fork": [], "ckpt": [], "size": [], "sphase": [], "pss": []} for s in sides}
+    res = {s.name: {"restore": [], "rphase": [], "fork": [], "ckpt": [], "size": [], "sphase": [], "pss": [], "uss": []} for s in sides}
     timers, procs = {}, {}
     try:
         for s in sides:
@@ -358,7 +358,9 @@ def main():
                 if "fork" in ops and i < max(2, args.n // 3):
                     r["fork"].append(fork_n(s, args.fork))
                 if "pss" in ops and i < 3:
-                    r["pss"].append(pss(s))
+                    p, u = pss(s)
+                    r["pss"].append(p)
+                    r["uss"].append(u)
             log(f"round {i + 1}/{args.n} done")
     finally:
         for s in sides:
@@ -391,7 +393,8 @@ def main():
     pair("`runsc checkpoint --leave-running` of a restored sandbox", "ckpt")
     phase_pair("sphase", PHASES_SAVE)
     pair("checkpoint's own size, without the images it references (MB)", "size", unit="MB")
-    pair("PSS of a restored idle sandbox (MB)", "pss", unit="MB")
+    pair("PSS of a restored idle sandbox (MB; sentry, gofer, stubs)", "pss", unit="MB")
+    pair("  its own pages, USS (MB)", "uss", unit="MB")
     print(t.render())
     for s in sides:
         if s.name in timers:
