@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/template"
@@ -120,20 +121,23 @@ func pruneWarm(dir, keep string) {
 	}
 }
 
-// imageSize is the bytes an image directory holds of its own: not its
-// base-*.img, the images it references instead of holding their pages
-// (internal/runtime/gvisor/bases.go), which are links to files other
-// images hold.
+// imageSize is the bytes an image directory holds of its own. Its
+// base-*.img are the images it references instead of holding their pages
+// (internal/runtime/gvisor/bases.go): hard links to files other images
+// hold, which cost no disk and are not counted, or copies (of an image that
+// was in memory or on another filesystem), which are.
 func imageSize(dir string) int64 {
 	var n int64
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "base-") {
+		fi, err := e.Info()
+		if err != nil {
 			continue
 		}
-		if fi, err := e.Info(); err == nil {
-			n += fi.Size()
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && strings.HasPrefix(e.Name(), "base-") && st.Nlink > 1 {
+			continue
 		}
+		n += fi.Size()
 	}
 	return n
 }
