@@ -114,19 +114,28 @@ func TestCopyOnWriteIsolation(t *testing.T) {
 		fill(t, kid, byte(i+1))
 	}
 	fill(t, parent, 0xb0)
+	own := 0
 	for i, kid := range kids {
-		if !filled(t, kid, byte(i+1)) {
+		if filled(t, kid, byte(i+1)) {
+			own++
+		} else {
 			t.Errorf("child %d lost its own writes (a sibling's or the parent's showed through)", i)
 		}
 	}
-	if !filled(t, parent, 0xb0) {
+	parentOwn := filled(t, parent, 0xb0)
+	if !parentOwn {
 		t.Errorf("the parent sees a child's write")
 	}
 	// A later restore of the same image sees the image, not the writes.
 	later := create(t, map[string]any{"templateID": snap})
-	if !filled(t, later, 0xa5) {
+	laterClean := filled(t, later, 0xa5)
+	if !laterClean {
 		t.Errorf("a later restore of the snapshot sees writes made after it")
 	}
+	record("shared memory images", fmt.Sprintf("%d sandboxes restored from one image (fork and snapshot) write 16 MiB at the same addresses", len(kids)),
+		"each reads only its own writes; the parent and a later restore read theirs",
+		fmt.Sprintf("%d of %d children, parent %v, later restore %v", own, len(kids), parentOwn, laterClean),
+		own == len(kids) && parentOwn && laterClean)
 
 	t.Run("fork() inside the sandbox", func(t *testing.T) {
 		kid := kids[0]
@@ -143,6 +152,8 @@ print(os.read(r, 1).decode(), buf.count(bytes([1])) == N)`))
 		if out != "1 True\n" {
 			t.Errorf("fork() in a child sandbox: %q, want the process's child to see and change only its own copy", out)
 		}
+		record("shared memory images", "fork() inside a restored sandbox, the child process overwrites memory the image backs",
+			"the child sees and changes only its own copy", out, out == "1 True\n")
 	})
 
 	t.Run("MAP_SHARED between processes of one sandbox", func(t *testing.T) {
@@ -150,11 +161,15 @@ print(os.read(r, 1).decode(), buf.count(bytes([1])) == N)`))
 		runCode(t, kid, "shm[:] = b'\\x22' * len(shm)")
 		eventually(t, 10*time.Second, "the watcher process to see the REPL's write", func() bool { return shmView(t, kid) == "2222" })
 		time.Sleep(200 * time.Millisecond)
+		leaked := 0
 		for _, other := range []sandboxInfo{parent, kids[2], later} {
 			if v := shmView(t, other); v != "1111" {
+				leaked++
 				t.Errorf("%s sees %q in its shared memory: another sandbox's write leaked", other.SandboxID, v)
 			}
 		}
+		record("shared memory images", "MAP_SHARED memory written by one process of a restored sandbox",
+			"its other process sees it; no other sandbox does", fmt.Sprintf("seen by 3 other sandboxes: %d", leaked), leaked == 0)
 	})
 
 	t.Run("memory freed and reused", func(t *testing.T) {
@@ -173,6 +188,8 @@ print(dropped, fresh, reused)`))
 		if out != "True True True\n" {
 			t.Errorf("dropped, fresh, reused = %q: freed image memory must read zeroes when dropped or mapped again", out)
 		}
+		record("shared memory images", "memory the image backs dropped (MADV_DONTNEED), unmapped and mapped again at the same address",
+			"zeroes, never the image's contents", out, out == "True True True\n")
 	})
 
 	t.Run("image deleted while children run", func(t *testing.T) {

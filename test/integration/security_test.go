@@ -88,6 +88,14 @@ const knownLimits = `
   as in E2B; other ports, and QUIC (UDP), follow the address rules only.
   The proxy connects to what an allowed name resolves to, but that server
   may serve other names too (domain fronting on a shared CDN).
+- Sandboxes restored from one image (the template's warm image, a
+  snapshot, a fork) share its pages read-only until they write them: one
+  can neither change nor see another's writes, but page-cache timing
+  (whether a page of the image is resident) is observable across them, as
+  for any file two processes map. An image is shared only by the sandboxes
+  restored from it (a template's warm image, one snapshot, one fork). The
+  host's memory cgroups charge a shared page to the sandbox that first
+  read it.
 `
 
 // writeSecurityReport writes the report if CELLFORK_SECURITY_REPORT names
