@@ -3,7 +3,8 @@
 Operations: memory per idle sandbox (density), create from the warm pool,
 snapshot vs dirty memory (0-500 MB), create from a snapshot at concurrency
 1/10/20, fork(n) for n = 1/5/10/20, rollback, pause/resume (in memory and
-spilled to disk). Every row sits beside the seeds' published figure, our
+spilled to disk); and, only with --ops scale, ready sandboxes per host
+(10 to 200 sandboxes, PSS and host memory, extrapolated). Every row sits beside the seeds' published figure, our
 target, and the same work done with raw `runsc` in the same run.
 
 Methods
@@ -33,7 +34,8 @@ Methods
 * Ratio = cellfork p50 / raw p50. Targets are judged on p50 (fork(5): client
   wall until all five answer run_code).
 * Density: PSS (/proc/PID/smaps_rollup) summed over the processes whose
-  command line holds the runtime id (runsc sandbox + gofer). Pooled boxes are
+  command line holds the runtime id (runsc sandbox + gofer) and their
+  children (the sentry's systrap stubs, which map the application memory). Pooled boxes are
   containers in the daemon's runsc root no sandbox record points to (running
   = ready, created = prepared shell).
 * Snapshot vs dirty memory: one sandbox (memoryMB 2048) dirties N MB in its
@@ -244,23 +246,40 @@ def wait_pool(ready=2, shells=2, standby=None):
     return False
 
 
-def pss_mb(rids):
-    """PSS (MB) summed over the processes whose command line holds each id."""
+def pss_mb(rids, fields=("Pss:",)):
+    """PSS (MB) summed over the processes whose command line holds each id,
+    and their children (the sentry's systrap stubs, which have no command
+    line of their own: they map the sandbox's application memory)."""
     out = {r: 0 for r in rids}
+    owner, parent = {}, {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
-            hit = [r for r in rids if r in cmd]
-            if not hit:
-                continue
+            parent[pid] = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+        except OSError:
+            continue
+        hit = [r for r in rids if r in cmd]
+        if hit:
+            owner[pid] = hit[0]
+    for pid, ppid in parent.items():
+        if pid not in owner and ppid in owner:
+            owner[pid] = owner[ppid]
+    for pid, rid in owner.items():
+        try:
             for line in open(f"/proc/{pid}/smaps_rollup"):
-                if line.startswith("Pss:"):
-                    out[hit[0]] += int(line.split()[1]) / 1024
+                if line.startswith(fields):
+                    out[rid] += int(line.split()[1]) / 1024
         except OSError:
             continue
     return out
+
+
+def uss_mb(rids):
+    """Memory (MB) only each sandbox's processes hold: their private pages
+    (USS), what destroying the sandbox gives back."""
+    return pss_mb(rids, fields=("Private_Clean:", "Private_Dirty:"))
 
 
 # --- raw runsc ------------------------------------------------------------------
@@ -274,14 +293,17 @@ def sh(*args, input=None):
 class Raw:
     """The same work straight through runsc: the floor our overhead sits on."""
 
-    def __init__(self):
+    def __init__(self, runsc=None, flags=()):
+        """runsc: the binary (default the daemon's); flags: global flags
+        added to the daemon's (bench/runsc_ab.py: --debug-log)."""
+        self.bin, self.extra = runsc or RUNSC, list(flags)
         self.tmp = tempfile.mkdtemp(prefix="bench-raw-", dir=DATA)  # same disk as the daemon's images
         self.root = os.path.join(self.tmp, "runsc")
         os.makedirs(self.root)
         self.live = {}  # cid -> (netns name, bundle dir)
 
     def runsc(self, root, *args, out=None, log_to=None):
-        cmd = [RUNSC, f"--root={root}", *FLAGS] + ([f"--log={log_to}"] if log_to else []) + list(args)
+        cmd = [self.bin, f"--root={root}", *FLAGS, *self.extra] + ([f"--log={log_to}"] if log_to else []) + list(args)
         t0 = time.perf_counter()
         # A detached sandbox keeps the stdio it is given: a file, never a pipe.
         io = dict(capture_output=True, text=True) if out is None else dict(stdout=out, stderr=out)
@@ -356,7 +378,7 @@ class Raw:
 
     def delete(self, cid):
         ns, b = self.live.pop(cid)
-        subprocess.run([RUNSC, f"--root={self.root}", *FLAGS, "delete", "--force", cid], capture_output=True)
+        subprocess.run([self.bin, f"--root={self.root}", *FLAGS, "delete", "--force", cid], capture_output=True)
         rmdirs(f"cellfork-bench/{cid}")
         for s in ("-r", "-s"):
             subprocess.run(["ip", "netns", "del", ns + s], capture_output=True)
@@ -414,6 +436,7 @@ def op_density(api, raw, C):
     ready, shells = pool_state()
     src = spec_of(ready[0])
     pr, ps = pss_mb(ready), pss_mb(shells)
+    ur = uss_mb(ready)
     sbs = [api.create()[0] for _ in range(C["density"])]
     api.run_all(sbs, "print(1)", "1")
     time.sleep(2)
@@ -428,10 +451,67 @@ def op_density(api, raw, C):
     finally:
         raw.delete(cid)
     t.add("idle pooled sandbox, ready (warm image restored, agent up)", list(pr.values()), prw, target=40, unit="MB")
+    t.add("  · of which its own pages (USS: what destroying it frees)", list(ur.values()), unit="MB")
     t.add("idle prepared shell (`runsc create`, nothing restored)", list(ps.values()))
     t.add("idle created sandbox (after one run_code)", list(pc.values()), prw)
     t.add("raw: warm image restored by `runsc restore`", prw)
     return [t]
+
+
+def meminfo_mb(key):
+    for line in open("/proc/meminfo"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(key)
+
+
+def op_scale(api, raw, C):
+    """Ready sandboxes one host holds: N sandboxes created and used once
+    (each answered run_code), then PSS per sandbox and the host memory they
+    took, at each step up to the largest; extrapolated to this host."""
+    steps = C["scale"]
+    total = meminfo_mb("MemTotal")
+    rows, sbs = [], []
+    wait_pool()
+    time.sleep(1)
+    avail0 = meminfo_mb("MemAvailable")
+    try:
+        for target in steps:
+            while len(sbs) < target:
+                sb = api.create(timeout=3600)[0]
+                sbs.append(sb)
+                api.run_code(sb, "print(1)", "1")
+            time.sleep(3)  # background loads and refills settle
+            rids = [rid_of(s) for s in sbs]
+            pss = list(pss_mb(rids).values())
+            uss = list(uss_mb(rids).values())
+            used = avail0 - meminfo_mb("MemAvailable")
+            rows.append((target, med(pss), med(uss), sum(pss), used))
+            log(f"scale: {target} sandboxes, PSS p50 {med(pss):.1f} MB, sum {sum(pss):.0f} MB, host memory used {used:.0f} MB")
+    finally:
+        api.kill_all(sbs)
+    head = ("### Ready sandboxes per host (density at scale)\n\n"
+            f"N sandboxes created one after another (default template, default limits), each answered run_code once; "
+            f"then PSS of each (runsc sandbox + gofer processes, /proc/PID/smaps_rollup) and the host memory they took "
+            f"(drop of MemAvailable since before the first; includes the daemon's pool refills and whatever else ran). "
+            f"Extrapolated: 90% of this host's {total / 1024:.1f} GiB divided by the memory per sandbox at the largest N.\n\n"
+            "| sandboxes | PSS per sandbox, p50 (MB) | USS (own pages) per sandbox, p50 (MB) | PSS, all (MB) | host memory used (MB) | per sandbox (MB) | sandboxes in 90% of the host (extrapolated) |\n"
+            "|---|---|---|---|---|---|---|")
+    lines = [head]
+    for n, p50, u50, psum, used in rows:
+        per = max(used, psum) / n
+        lines.append(f"| {n} | {p50:.1f} | {u50:.1f} | {psum:.0f} | {used:.0f} | {per:.1f} | {int(0.9 * total / per)} |")
+    return [Rendered("\n".join(lines) + "\n")]
+
+
+class Rendered:
+    """A table rendered already."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def render(self):
+        return self.text
 
 
 def op_pool(api, raw, C):
@@ -775,7 +855,8 @@ def leak_check(api):
 
 
 def counts(quick):
-    return dict(dirty=[0, 50, 100, 200, 500], conc=[10, 20], fork=[1, 5, 10, 20], **(
+    return dict(dirty=[0, 50, 100, 200, 500], conc=[10, 20], fork=[1, 5, 10, 20],
+                scale=[10, 50] if quick else [10, 50, 100, 200], **(
         dict(density=2, pool=5, raw=3, dirty_n=2, dirty_n_big=2, restore1=3, bursts=1,
              fork_reps={1: 3, 5: 2, 10: 1, 20: 1}, raw_fork=1, rollback=3, pause=3, spill=2) if quick else
         dict(density=3, pool=40, raw=10, dirty_n=8, dirty_n_big=4, restore1=20, bursts=2,
@@ -794,13 +875,14 @@ def daemon_flags():
             return [a for a in argv[1:argv.index("boot")] if not a.startswith(("--root=", "--log=", "--log-fd="))]
 
 
-OPS = ["density", "pool", "dirty", "restore", "fork", "rollback", "pause"]
+OPS = ["density", "pool", "dirty", "restore", "fork", "rollback", "pause", "scale"]
+DEFAULT_OPS = OPS[:-1]  # scale (up to 200 sandboxes, minutes) only when asked
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer samples (~2 minutes)")
-    ap.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
+    ap.add_argument("--ops", default=",".join(DEFAULT_OPS), help="comma-separated subset of " + ",".join(OPS))
     args = ap.parse_args()
     ops = args.ops.split(",")
     if bad := set(ops) - set(OPS):

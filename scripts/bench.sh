@@ -12,6 +12,8 @@
 #         one-machine cluster; not part of "all"
 #   languages: bench/languages.py (the code interpreter's kernels: start,
 #         hot run_code, memory; not part of "all")
+#   runsc: bench/runsc_ab.py (two runsc builds side by side: --a DIR --b DIR,
+#         build directories from scripts/build-runsc.sh; not part of all)
 # Options other than --quick belong to one suite; pass them with --suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,16 +27,22 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$suite" in
-  all|core|fork|noisy|languages) ;;
+  all|core|fork|noisy|languages|runsc) ;;
   cluster) exec go run ./bench/cluster -bin bin/cellfork -template-dir "${DATA_DIR:-/var/lib/cellfork}/templates" "${args[@]}" ;;
-  *) echo "usage: scripts/bench.sh [--suite all|core|fork|noisy|cluster|languages] [--quick] [suite options]" >&2; exit 2 ;;
+  *) echo "usage: scripts/bench.sh [--suite all|core|fork|noisy|cluster|languages|runsc] [--quick] [suite options]" >&2; exit 2 ;;
 esac
 . scripts/lib.sh
-start_test_daemon
+if [ "$suite" = runsc ]; then
+  # A bundle to copy and a quiet daemon: one ready sandbox, nothing else.
+  start_test_daemon --pool-ready 1 --pool-shells 0 --standby-snapshots 0
+else
+  start_test_daemon
+fi
 export CELLFORK_DATA_DIR="$TEST_TMP/data" CELLFORK_DAEMON_LOG="$TEST_TMP/daemon.log"
 rc=0
 if [ "$suite" = all ] || [ "$suite" = core ]; then .venv/bin/python bench/bench.py "${args[@]}" || rc=$?; echo; fi
 if [ "$suite" = all ] || [ "$suite" = fork ]; then .venv/bin/python bench/fork.py "${args[@]}" || rc=$?; echo; fi
 if [ "$suite" = all ] || [ "$suite" = noisy ]; then .venv/bin/python bench/noisy.py "${args[@]}" || rc=$?; fi
 if [ "$suite" = languages ]; then .venv/bin/python bench/languages.py "${args[@]}" || rc=$?; fi
+if [ "$suite" = runsc ]; then .venv/bin/python bench/runsc_ab.py "${args[@]}" || rc=$?; fi
 exit $rc

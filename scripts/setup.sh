@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # setup.sh: install what cellfork needs on a Debian 12 host, idempotently.
-# Installs: Debian packages, a pinned static runsc with its sidecars, a
-# Python virtualenv (.venv) with the test and SDK dependencies, and the JS
+# Installs: Debian packages, a static runsc built from the pinned gVisor with
+# cellfork's patches (scripts/build-runsc.sh) and its sidecars, a Python
+# virtualenv (.venv) with the test and SDK dependencies, and the JS
 # conformance suite's npm packages (needs Node.js >= 20.18.1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RUNSC_VERSION=v0.0.0-20260905035102-160fafc42237
 LIBDIR=${CELLFORK_LIBDIR:-/usr/local/lib/cellfork}
 step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
@@ -17,7 +17,7 @@ need_pkgs=()
 # with initdb and pg_ctl); util-linux: nsenter, to run test hosts in
 # network namespaces; chromium and chromium-driver: the dashboard's
 # browser tests (tests/test_dashboard.py).
-for p in debootstrap iproute2 nftables gcc python3-venv ca-certificates curl protobuf-compiler postgresql-15 util-linux chromium chromium-driver; do
+for p in debootstrap iproute2 nftables gcc patch python3-venv ca-certificates curl protobuf-compiler postgresql-15 util-linux chromium chromium-driver; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
@@ -37,36 +37,30 @@ if [ "$("$gobin/oapi-codegen" -version 2>/dev/null | tail -n 1)" != "$OAPI_CODEG
   go install "github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@$OAPI_CODEGEN_VERSION"
 fi
 
-# runsc is built from its module's source with gVisor's seccomp filters
-# precompiled (internal/runtime/gvisor/seccompgen), as the official build
-# ships them: a plain `go install` build compiles them at every sandbox
-# start and restore. RUNSC_BUILD names the way it is built; bumping it
-# rebuilds.
-RUNSC_BUILD="$RUNSC_VERSION+seccomp"
-if [ "$(cat "$LIBDIR/runsc.version" 2>/dev/null)" != "$RUNSC_BUILD" ] || [ ! -x "$LIBDIR/runsc" ]; then
-  step "building runsc $RUNSC_VERSION with precompiled seccomp filters (static, about two minutes)"
+# runsc is built from its module's source with cellfork's patches
+# (patches/gvisor) and gVisor's seccomp filters precompiled
+# (internal/runtime/gvisor/seccompgen), as the official build ships them:
+# scripts/build-runsc.sh, cached per build id. The build id is runsc's
+# version string; a new patch set is a new id, so it installs a new runsc,
+# the daemon builds new warm images, and images of other builds are refused.
+step "runsc (gVisor + patches/gvisor)"
+build=$(scripts/build-runsc.sh)
+RUNSC_BUILD=$(cat "$build/build-id")
+if [ "$(cat "$LIBDIR/runsc.version" 2>/dev/null)" != "$RUNSC_BUILD" ] || ! cmp -s "$build/runsc" "$LIBDIR/runsc"; then
+  step "installing runsc $RUNSC_BUILD into $LIBDIR"
   mkdir -p "$LIBDIR/gvisor-bin"
-  tmp=$(mktemp -d)
-  # Outside this module, so that its go.mod is not touched.
-  src=$(cd "$tmp" && go mod download -json "gvisor.dev/gvisor@$RUNSC_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
-  cp -r "$src" "$tmp/gvisor"
-  chmod -R u+w "$tmp/gvisor"
-  cp internal/runtime/gvisor/seccompgen/gen.go "$tmp/gvisor/cellfork_seccompgen.go"
-  (cd "$tmp/gvisor" && CGO_ENABLED=0 go run cellfork_seccompgen.go && CGO_ENABLED=0 go build -trimpath -o "$tmp/runsc" ./runsc)
-  install -m 0755 "$tmp/runsc" "$LIBDIR/runsc"
-  rm -rf "$tmp"
+  install -m 0755 "$build/runsc" "$LIBDIR/runsc.new"
+  mv "$LIBDIR/runsc.new" "$LIBDIR/runsc"
   echo "$RUNSC_BUILD" > "$LIBDIR/runsc.version"
 fi
 # Sidecars (runsc 2026-09 warns they become mandatory): the sentry is runsc
 # itself; the prewarmer is ours (internal/runtime/gvisor/prewarmer).
-if ! cmp -s "$LIBDIR/runsc" "$LIBDIR/gvisor-bin/gvisor_sentry"; then
-  install -m 0755 "$LIBDIR/runsc" "$LIBDIR/gvisor-bin/gvisor_sentry"
-fi
-prewarmer_src=internal/runtime/gvisor/prewarmer/prewarmer.c
-if [ ! -x "$LIBDIR/gvisor-bin/gvisor-sentry-prewarmer" ] || [ "$prewarmer_src" -nt "$LIBDIR/gvisor-bin/gvisor-sentry-prewarmer" ]; then
-  step "building the gVisor prewarmer sidecar"
-  cc -O2 -o "$LIBDIR/gvisor-bin/gvisor-sentry-prewarmer" "$prewarmer_src"
-fi
+for f in gvisor_sentry gvisor-sentry-prewarmer; do
+  if ! cmp -s "$build/gvisor-bin/$f" "$LIBDIR/gvisor-bin/$f"; then
+    install -m 0755 "$build/gvisor-bin/$f" "$LIBDIR/gvisor-bin/$f.new"
+    mv "$LIBDIR/gvisor-bin/$f.new" "$LIBDIR/gvisor-bin/$f"
+  fi
+done
 
 if [ ! -x .venv/bin/python ] || [ tests/requirements.txt -nt .venv/.installed ] || [ sdk/python/pyproject.toml -nt .venv/.installed ]; then
   step "installing Python dependencies into .venv"

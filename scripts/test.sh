@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh: every test. Assumes `make setup template` ran (make test does it).
 #  1. Go: vet, generated code up to date, unit tests and the integration
-#     tests (test/integration starts its own daemon with real gVisor sandboxes);
+#     tests (test/integration starts its own daemon with real gVisor sandboxes),
+#     and gVisor's own unit tests of the packages patches/gvisor changes;
 #     then the cluster suite alone (test/cluster: PostgreSQL, three hosts in
 #     network namespaces, two regions, gateways, faults).
 #  2. Python: our SDK's tests, the official E2B SDK conformance suite, the
@@ -34,6 +35,9 @@ step "cluster (PostgreSQL, 3 hosts in network namespaces, 2 regions, the E2B SDK
 # Alone: it runs real sandboxes on three hosts, and shares the CPUs with
 # nothing else.
 CELLFORK_TEMPLATE_DIR="${DATA_DIR:-/var/lib/cellfork}/templates" go test -count=1 -timeout 20m ./test/cluster/
+
+step "gVisor's unit tests of the patched packages (against the patched source)"
+bash scripts/test-gvisor.sh
 
 step "python tests against a test daemon"
 . scripts/lib.sh

@@ -6,6 +6,7 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
 	"errors"
@@ -20,6 +21,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cellfork/cellfork/internal/api"
 	"github.com/cellfork/cellfork/internal/box"
@@ -213,6 +216,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		deps.Store, deps.IDs, apiCfg.Auth = member.Store(st), member.IDs(), member.Auth()
 		fmt.Fprintf(out, "cellfork: host slot %d of the cluster, region %s\n", member.Slot(), cfg.Cluster.Region)
 	}
+	cfg.RuntimeBuild, cfg.ForkDir = grt.Build(), forkDir(cfg.DataDir)
 	m := manager.New(cfg.Config, deps)
 	src.m = m
 	if err := m.Reconcile(ctx); err != nil {
@@ -328,4 +332,16 @@ func loadOrCreateKey(path string) (key string, created bool, err error) {
 		return "", false, fmt.Errorf("storing API key: %w", err)
 	}
 	return key, true, nil
+}
+
+// forkDir is where fork's images go: in memory (/dev/shm, a tmpfs) when
+// the host has it, named after the data directory so that daemons on
+// other data directories never share it; else beside the data.
+func forkDir(dataDir string) string {
+	var fs unix.Statfs_t
+	if unix.Statfs("/dev/shm", &fs) != nil || fs.Type != unix.TMPFS_MAGIC {
+		return filepath.Join(dataDir, "forks")
+	}
+	sum := sha256.Sum256([]byte(dataDir))
+	return filepath.Join("/dev/shm", "cellfork-"+hex.EncodeToString(sum[:3]), "forks")
 }

@@ -33,7 +33,7 @@ func (f fakeTemplates) Rootfs(_ context.Context, name string, _ io.Writer) (stri
 	return p, os.MkdirAll(p, 0o755)
 }
 
-func (fakeTemplates) WarmKey(name, boot string) (string, error) { return "k1", nil }
+func (fakeTemplates) WarmKey(name, runtime, boot string) (string, error) { return "k1", nil }
 
 var errInjected = errors.New("injected failure")
 

@@ -130,7 +130,7 @@ func (m *Manager) Fork(ctx context.Context, id string, n int, timeout time.Durat
 	if err != nil {
 		return nil, err
 	}
-	img := filepath.Join(m.cfg.DataDir, "forks", sandbox.RandomHex(8))
+	img := filepath.Join(m.forkDir(), sandbox.RandomHex(8))
 	err = m.checkpoint(ctx, l, img)
 	parent, limits := cloneRecord(l.rec), l.box.Limits()
 	l.op.Unlock()

@@ -61,6 +61,14 @@ type Config struct {
 	// AgentPath is the agent's executable inside sandboxes (per version:
 	// template.Registry.AgentPath).
 	AgentPath string
+	// RuntimeBuild identifies the runtime's build (runsc's version), which
+	// restores only images it wrote: it keys the warm images.
+	RuntimeBuild string
+	// ForkDir holds fork's images, which live from the fork's checkpoint
+	// until its children are restored: memory (tmpfs) when there is some,
+	// so that a fork never goes through the data disk. Default
+	// DataDir/forks.
+	ForkDir string
 	// SpillAfter is how long a paused sandbox stays frozen in memory before
 	// its state is written to disk and its memory freed.
 	SpillAfter time.Duration
@@ -73,7 +81,7 @@ type Config struct {
 // keys (internal/template).
 type Templates interface {
 	Rootfs(ctx context.Context, name string, progress io.Writer) (string, error)
-	WarmKey(name, boot string) (string, error)
+	WarmKey(name, runtime, boot string) (string, error)
 }
 
 // Deps are what the manager runs on.

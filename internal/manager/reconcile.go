@@ -41,6 +41,8 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	errs := []error{m.boxes.Sweep(ctx, func(rid string) bool { return keep[rid] })}
 	removeUnknown(filepath.Join(m.cfg.DataDir, "paused"), func(p string) bool { return keep[p] })
 	removeUnknown(filepath.Join(m.cfg.DataDir, "forks"), func(string) bool { return false })
+	removeUnknown(m.forkDir(), func(string) bool { return false })
+	removeUnknown(m.forkDir(), func(string) bool { return false })
 	errs = append(errs, m.reconcileSnapshots(ctx))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("reconciling: %w", err)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -17,6 +18,14 @@ import (
 )
 
 func (m *Manager) snapshotDir(id string) string { return filepath.Join(m.cfg.DataDir, "snapshots", id) }
+
+// forkDir holds the images of forks in progress (Config.ForkDir).
+func (m *Manager) forkDir() string {
+	if m.cfg.ForkDir != "" {
+		return m.cfg.ForkDir
+	}
+	return filepath.Join(m.cfg.DataDir, "forks")
+}
 
 var snapshotNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
 
@@ -258,14 +267,23 @@ func (m *Manager) inTree(ctx context.Context, rec *sandbox.Sandbox, sn *sandbox.
 	return false, nil
 }
 
-// imageSize is the bytes an image directory takes on disk.
+// imageSize is the bytes an image directory holds of its own. Its
+// base-*.img are the images it references instead of holding their pages
+// (internal/runtime/gvisor/bases.go): hard links to files other images
+// hold, which cost no disk and are not counted, or copies (of an image that
+// was in memory or on another filesystem), which are.
 func imageSize(dir string) int64 {
 	var n int64
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
-		if fi, err := e.Info(); err == nil {
-			n += fi.Size()
+		fi, err := e.Info()
+		if err != nil {
+			continue
 		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && strings.HasPrefix(e.Name(), "base-") && st.Nlink > 1 {
+			continue
+		}
+		n += fi.Size()
 	}
 	return n
 }

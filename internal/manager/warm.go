@@ -25,7 +25,7 @@ func (m *Manager) Warm(ctx context.Context, name string) error {
 		return err
 	}
 	limits := m.templateLimits(name)
-	key, err := m.tpl.WarmKey(name, m.boxes.BootKey(limits.DiskMB))
+	key, err := m.tpl.WarmKey(name, m.cfg.RuntimeBuild, m.boxes.BootKey(limits.DiskMB))
 	if err != nil {
 		return err
 	}

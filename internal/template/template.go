@@ -124,16 +124,18 @@ func Preimport(name string) []string {
 }
 
 // WarmKey identifies what a template's warm image depends on besides its
-// rootfs: the agent files, the pre-import list and the boot configuration
-// (boot: the caller's description of what else the image freezes). Changing
-// any makes a new warm image; the rootfs is not rebuilt.
-func (r *Registry) WarmKey(name, boot string) (string, error) {
+// rootfs: the agent files, the pre-import list, the runtime build that
+// writes and restores it (runtime: a runsc build restores only images of
+// its own build) and the boot configuration (boot: the caller's description
+// of what else the image freezes). Changing any makes a new warm image; the
+// rootfs is not rebuilt.
+func (r *Registry) WarmKey(name, runtime, boot string) (string, error) {
 	v, err := r.agentVersion()
 	if err != nil {
 		return "", err
 	}
 	h := sha256.New()
-	fmt.Fprintf(h, "%s %q %s", v, Preimport(name), boot)
+	fmt.Fprintf(h, "%s %q %q %s", v, Preimport(name), runtime, boot)
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 

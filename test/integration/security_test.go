@@ -99,6 +99,14 @@ const knownLimits = `
   Code in a sandbox with a rule can use the secret against the ruled host
   (that is the point) without reading it. HTTP/3 (QUIC, UDP) to a ruled
   host is not transformed; it follows the address rules.
+- Sandboxes restored from one image (the template's warm image, a
+  snapshot, a fork) share its pages read-only until they write them: one
+  can neither change nor see another's writes, but page-cache timing
+  (whether a page of the image is resident) is observable across them, as
+  for any file two processes map. An image is shared only by the sandboxes
+  restored from it (a template's warm image, one snapshot, one fork). The
+  host's memory cgroups charge a shared page to the sandbox that first
+  read it.
 `
 
 // writeSecurityReport writes the report if CELLFORK_SECURITY_REPORT names

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -26,10 +27,13 @@ import (
 // are those of the pinned runsc (runsc/boot/controller.go,
 // pkg/sentry/control/state.go); the runtime tests exercise each.
 const (
-	methodPause      = "containerManager.Pause"
-	methodResume     = "containerManager.Resume"
-	methodCheckpoint = "containerManager.Checkpoint"
-	methodTarUpper   = "Fs.TarRootfsUpperLayer"
+	methodPause    = "containerManager.Pause"
+	methodResume   = "containerManager.Resume"
+	methodTarUpper = "Fs.TarRootfsUpperLayer"
+	// methodCheckpoint is containerManager.Checkpoint as patched by
+	// cellfork (patches/gvisor): it replies with the images the checkpoint
+	// references, and a file descriptor of each.
+	methodCheckpoint = "containerManager.CheckpointImages"
 )
 
 // controlSocket finds the sandbox's control socket where runsc puts it:
@@ -50,14 +54,22 @@ var errNotSent = errors.New("control call not sent")
 // control calls method on sandbox id's sentry with arg (and files, in
 // order) and waits for its reply, at most until ctx is done.
 func (r *Runtime) control(ctx context.Context, id, method string, arg any, files ...*os.File) error {
+	_, err := r.controlResult(ctx, id, method, arg, nil, files...)
+	return err
+}
+
+// controlResult is control that also decodes the method's result into
+// result (if not nil) and returns the files the reply carries (the caller
+// owns them).
+func (r *Runtime) controlResult(ctx context.Context, id, method string, arg, result any, files ...*os.File) ([]*os.File, error) {
 	path, err := r.controlSocket(id)
 	if err != nil {
-		return fmt.Errorf("%w: %w", errNotSent, err)
+		return nil, fmt.Errorf("%w: %w", errNotSent, err)
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
-		return fmt.Errorf("%w: connecting to sandbox %s: %w", errNotSent, id, err)
+		return nil, fmt.Errorf("%w: connecting to sandbox %s: %w", errNotSent, id, err)
 	}
 	defer c.Close()
 	conn := c.(*net.UnixConn)
@@ -69,7 +81,7 @@ func (r *Runtime) control(ctx context.Context, id, method string, arg any, files
 		Arg    any    `json:"arg"`
 	}{method, arg})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var rights []byte
 	if len(files) > 0 {
@@ -86,22 +98,78 @@ func (r *Runtime) control(ctx context.Context, id, method string, arg any, files
 	runtime.KeepAlive(files)
 	if err != nil {
 		// A message cut short does not decode: the sentry did nothing.
-		return fmt.Errorf("%w: calling %s on sandbox %s: %w", errNotSent, method, id, err)
+		return nil, fmt.Errorf("%w: calling %s on sandbox %s: %w", errNotSent, method, id, err)
 	}
 	var reply struct {
-		Success bool   `json:"success"`
-		Err     string `json:"err"`
+		Success bool            `json:"success"`
+		Err     string          `json:"err"`
+		Result  json.RawMessage `json:"result"`
 	}
-	if err := json.NewDecoder(conn).Decode(&reply); err != nil {
+	data, got, err := readReply(conn)
+	if err == nil {
+		err = json.Unmarshal(data, &reply)
+	}
+	if err != nil {
+		closeAll(got)
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
-		return fmt.Errorf("%s on sandbox %s: no reply: %w", method, id, err)
+		return nil, fmt.Errorf("%s on sandbox %s: no reply: %w", method, id, err)
 	}
 	if !reply.Success {
-		return fmt.Errorf("%s on sandbox %s: %s", method, id, reply.Err)
+		closeAll(got)
+		return nil, fmt.Errorf("%s on sandbox %s: %s", method, id, reply.Err)
 	}
-	return nil
+	if result != nil && len(reply.Result) > 0 {
+		if err := json.Unmarshal(reply.Result, result); err != nil {
+			closeAll(got)
+			return nil, fmt.Errorf("%s on sandbox %s: decoding its result: %w", method, id, err)
+		}
+	}
+	return got, nil
+}
+
+// readReply reads one urpc reply: a JSON object, sent in one or more
+// writes, the first of which may carry file descriptors (SCM_RIGHTS).
+func readReply(conn *net.UnixConn) ([]byte, []*os.File, error) {
+	var data []byte
+	var files []*os.File
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(128*4))
+	for {
+		n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+		if oobn > 0 {
+			msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+			for _, m := range msgs {
+				if fds, ferr := unix.ParseUnixRights(&m); ferr == nil {
+					for _, fd := range fds {
+						unix.CloseOnExec(fd)
+						files = append(files, os.NewFile(uintptr(fd), "urpc-file"))
+					}
+				}
+			}
+			if perr != nil && err == nil {
+				err = perr
+			}
+		}
+		data = append(data, buf[:n]...)
+		if json.Valid(data) {
+			return data, files, nil
+		}
+		if err != nil || n == 0 {
+			closeAll(files)
+			if err == nil {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, nil, err
+		}
+	}
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		_ = f.Close()
+	}
 }
 
 // Pause marks. runsc's state file does not see a pause made over the
@@ -177,17 +245,15 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 	return os.Remove(r.mark(id, markPausing))
 }
 
-// checkpointLive saves the running (or paused) sandbox into dir and lets it
-// go on as it was, as `runsc checkpoint --leave-running
-// --compression=none` does: the state, the page metadata and the pages
-// each in their own file (page-aligned, so a restore can map them).
-func (r *Runtime) checkpointLive(ctx context.Context, id, dir string) error {
+// checkpoint saves the sandbox into dir, as `runsc checkpoint
+// --compression=none [--leave-running]` does: the state, the page metadata
+// and the pages each in their own file (page-aligned, so a restore can map
+// them). With resume the sandbox goes on as it was; without, it stops. The
+// image gets a new id, and the images its memory references become its
+// bases (images.go).
+func (r *Runtime) checkpoint(ctx context.Context, id, dir string, resume bool) error {
 	var files []*os.File
-	defer func() {
-		for _, f := range files {
-			_ = f.Close()
-		}
-	}()
+	defer func() { closeAll(files) }()
 	for _, name := range []string{"checkpoint.img", "pages_meta.img", "pages.img"} {
 		f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
 		if err != nil {
@@ -195,12 +261,24 @@ func (r *Runtime) checkpointLive(ctx context.Context, id, dir string) error {
 		}
 		files = append(files, f)
 	}
+	imageID := newImageID()
 	opts := map[string]any{
-		"metadata":        map[string]string{"compression": "none"},
+		"metadata":        map[string]string{"compression": "none", metaImageID: imageID},
 		"have_pages_file": true,
-		"Resume":          true,
+		"Resume":          resume,
 	}
-	return r.control(ctx, id, methodCheckpoint, opts, files...)
+	var reply struct {
+		Images []string `json:"images"`
+	}
+	got, err := r.controlResult(ctx, id, methodCheckpoint, opts, &reply, files...)
+	if err != nil {
+		return err
+	}
+	defer closeAll(got)
+	if len(got) != len(reply.Images) {
+		return fmt.Errorf("checkpoint of sandbox %s: %d images named, %d files passed", id, len(reply.Images), len(got))
+	}
+	return r.keepBases(dir, imageID, reply.Images, got)
 }
 
 // ExportRootfs writes the root overlay's upper layer (what the sandbox

@@ -36,7 +36,9 @@ type Config struct {
 // Runtime drives runsc. Safe for concurrent use.
 type Runtime struct {
 	cfg   Config
+	build string // runsc's version: its build id
 	watch watcher
+	bases heldBases // of images on tmpfs (bases.go)
 }
 
 var _ sandbox.Runtime = (*Runtime)(nil)
@@ -49,13 +51,22 @@ func New(cfg Config) (*Runtime, error) {
 	if _, err := os.Stat(cfg.Runsc); err != nil {
 		return nil, fmt.Errorf("runsc not found at %s (run `make setup`): %w", cfg.Runsc, err)
 	}
+	build, err := runscBuild(cfg.Runsc)
+	if err != nil {
+		return nil, err
+	}
 	for _, dir := range []string{cfg.Root, marksDir(cfg.Root)} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("creating runsc root: %w", err)
 		}
 	}
-	return &Runtime{cfg: cfg}, nil
+	return &Runtime{cfg: cfg, build: build}, nil
 }
+
+// Build is the build id of the runsc this runtime drives (what `runsc
+// --version` says): images are only restored by the build that wrote them,
+// so it is part of the key of every warm image.
+func (r *Runtime) Build() string { return r.build }
 
 // globalFlags are the flags every runsc call gets. The overlay's size
 // (diskMB, 0 = unbounded) only matters to the call that starts or prepares
@@ -200,6 +211,10 @@ func (r *Runtime) Prepare(ctx context.Context, s sandbox.Spec) error {
 // Prepared, the image is restored into that sandbox; otherwise a new one is
 // created from s.
 func (r *Runtime) Restore(ctx context.Context, s sandbox.Spec, image string, prepared bool) error {
+	if err := r.checkImageBuild(image); err != nil {
+		return err
+	}
+	r.bases.sweep()
 	if !prepared {
 		out, err := r.writeBundle(ctx, s)
 		if err != nil {
@@ -222,16 +237,11 @@ func (r *Runtime) Restore(ctx context.Context, s sandbox.Spec, image string, pre
 // be Destroyed.
 func (r *Runtime) Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
 	defer timing.Since(ctx, "checkpoint", time.Now())
-	var err error
-	if leaveRunning {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		defer cancel()
-		err = r.checkpointLive(ctx, id, dir)
-	} else {
-		// The sandbox stops after the save; the CLI also records that.
-		_, err = r.runsc(ctx, 5*time.Minute, "checkpoint", "--compression=none", "--image-path="+dir, id)
-	}
-	if err != nil {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	// Without leaveRunning the sandbox stops after the save (its caller
+	// destroys it).
+	if err := r.checkpoint(ctx, id, dir, leaveRunning); err != nil {
 		return fmt.Errorf("checkpointing sandbox %s: %w", id, err)
 	}
 	return nil
@@ -247,6 +257,19 @@ func pidFile(bundle string) string { return "--pid-file=" + filepath.Join(bundle
 // live on.)
 func diesWithDaemon() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}
+
+// execOutput runs a command that leaves nothing behind and returns its
+// standard output.
+func execOutput(ctx context.Context, name string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
 }
 
 // tail returns the last lines of a log file, for error messages in the log.
@@ -265,6 +288,7 @@ func tail(path string) string {
 // processes are killed even when runsc fails (the failure is still
 // returned): a sandbox never outlives a Destroy.
 func (r *Runtime) Destroy(ctx context.Context, id string) error {
+	defer r.bases.sweep()
 	_, err := r.runsc(ctx, 30*time.Second, "delete", "--force", id)
 	if notExist(err) {
 		err = nil

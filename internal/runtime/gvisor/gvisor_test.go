@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,7 +21,13 @@ import (
 	"github.com/cellfork/cellfork/internal/timing"
 )
 
-const testRunsc = "/usr/local/lib/cellfork/runsc"
+// testRunsc is the runsc the tests drive: make setup's, or CELLFORK_RUNSC.
+var testRunsc = func() string {
+	if p := os.Getenv("CELLFORK_RUNSC"); p != "" {
+		return p
+	}
+	return "/usr/local/lib/cellfork/runsc"
+}()
 
 func newTestRuntime(t *testing.T) *Runtime {
 	t.Helper()
@@ -355,5 +362,127 @@ func TestDestroyBundleGone(t *testing.T) {
 				t.Fatalf("processes left after Destroy (err %v): %v", err, r.processes()[id])
 			}
 		}
+	}
+}
+
+// holder is a process that holds 8 MiB of private memory (0xa5) and writes,
+// every 50 ms, how much of it still is 0xa5 to /tmp/sum: what a restored
+// sandbox's memory holds, seen from outside.
+var holder = []string{"/usr/bin/python3", "-c", `
+import time
+b = bytearray(b'\xa5') * (8 << 20)
+while True:
+    with open('/tmp/sum.tmp', 'w') as f:
+        f.write(str(b.count(0xa5)))
+    import os; os.replace('/tmp/sum.tmp', '/tmp/sum')
+    time.sleep(0.05)
+`}
+
+func readManifest(t *testing.T, dir string) imageManifest {
+	t.Helper()
+	var m imageManifest
+	b, err := os.ReadFile(filepath.Join(dir, "image.json"))
+	if err == nil {
+		err = json.Unmarshal(b, &m)
+	}
+	if err != nil {
+		t.Fatalf("image.json of %s: %v", dir, err)
+	}
+	return m
+}
+
+// TestImageBases: a checkpoint of a restored sandbox references the image
+// it came from (image-cow) and keeps it beside itself (hard link or copy on
+// disk; a held descriptor on tmpfs), so it restores after every earlier
+// image directory is deleted.
+func TestImageBases(t *testing.T) {
+	r := newTestRuntime(t)
+	ctx := context.Background()
+	// sum is what the holder of sandbox id computes now (not what an image
+	// froze in /tmp/sum).
+	sum := func(id string) string {
+		t.Helper()
+		r.execOut(t, id, "rm", "-f", "/tmp/sum")
+		for range 100 {
+			if out, err := r.runsc(ctx, 30*time.Second, "exec", id, "cat", "/tmp/sum"); err == nil && len(out) > 0 {
+				return string(out)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("%s never wrote /tmp/sum", id)
+		return ""
+	}
+	const full = "8388608"
+	boot := randomID()
+	if err := r.Start(ctx, spec(t, boot, newNet(t), holder...)); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Destroy(ctx, boot)
+	if got := sum(boot); got != full {
+		t.Fatalf("booted holder: %s", got)
+	}
+	restore := func(img string) string {
+		t.Helper()
+		id := randomID()
+		if err := r.Restore(ctx, spec(t, id, newNet(t), "/bin/true"), img, false); err != nil {
+			t.Fatalf("restoring %s: %v", img, err)
+		}
+		t.Cleanup(func() { r.Destroy(context.Background(), id) })
+		if got := sum(id); got != full {
+			t.Errorf("restored from %s: holder reports %s", img, got)
+		}
+		return id
+	}
+
+	// A booted sandbox's image references nothing.
+	img1 := filepath.Join(t.TempDir(), "img1")
+	checkpointTo(t, r, boot, img1)
+	m1 := readManifest(t, img1)
+	if len(m1.Bases) != 0 || !validImageID(m1.ID) {
+		t.Fatalf("image of a booted sandbox: %+v", m1)
+	}
+	// A restored one's references the image it came from: on tmpfs as a
+	// held descriptor.
+	c1 := restore(img1)
+	shm, err := os.MkdirTemp("/dev/shm", "cellfork-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(shm)
+	img2 := filepath.Join(shm, "img2")
+	checkpointTo(t, r, c1, img2)
+	if m2 := readManifest(t, img2); len(m2.Bases) != 1 || m2.Bases[0] != m1.ID {
+		t.Fatalf("image of a restored sandbox references %v, want [%s]", m2.Bases, m1.ID)
+	}
+	if fi, err := os.Lstat(filepath.Join(img2, "base-"+m1.ID+".img")); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("base on tmpfs is not a held descriptor: %v", err)
+	}
+	if err := os.RemoveAll(img1); err != nil {
+		t.Fatal(err)
+	}
+	c2 := restore(img2)
+	// On disk, with every earlier image gone: copies.
+	img3 := filepath.Join(t.TempDir(), "img3")
+	checkpointTo(t, r, c2, img3)
+	m3 := readManifest(t, img3)
+	for _, b := range m3.Bases {
+		if fi, err := os.Lstat(filepath.Join(img3, "base-"+b+".img")); err != nil || !fi.Mode().IsRegular() {
+			t.Errorf("base %s of an image on disk: %v", b, err)
+		}
+	}
+	if err := os.RemoveAll(img2); err != nil {
+		t.Fatal(err)
+	}
+	r.bases.sweep()
+	restore(img3)
+}
+
+func checkpointTo(t *testing.T, r *Runtime, id, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Checkpoint(context.Background(), id, dir, true); err != nil {
+		t.Fatalf("checkpoint of %s: %v", id, err)
 	}
 }

@@ -1,0 +1,410 @@
+"""runsc A/B: two runsc builds (or restore flags, or host huge-page settings)
+doing the same work side by side, in one run, with the sentry's own
+timeline of where the milliseconds went.
+
+Each side is a runsc build directory (scripts/build-runsc.sh prints one),
+optional extra `runsc restore` flags, and whether the host lets the sentry
+back its memory with huge pages (shmem THP). For each side the bench boots
+a parent from the daemon's own bundle (the template rootfs, the agent, the
+template's pre-imports: what the daemon's warm image freezes), waits until
+its code context is ready, and checkpoints it: that side's warm image. Then,
+alternating A and B sample by sample so that both see the same machine:
+
+* restore: the side's image restored into a pre-created container (`runsc
+  create` first, untimed, as the daemon's prepared shells), timed to the end
+  of `runsc restore`, then the agent must accept TCP;
+* fork: n parallel restores into new containers (wall);
+* checkpoint: `runsc checkpoint --leave-running` of a sandbox restored
+  from the image and used once (a snapshot's, fork's or spill's work: what
+  the daemon checkpoints is always restored), and the image's own size;
+* pss: PSS of a restored, idle sandbox (sentry + gofer), 2 s after restore.
+
+Every runsc call logs to a debug-log directory; the tables take their
+phases from the sentry's log lines (kernel-state decode, page loading,
+zero scan, kernel save...), and one restore timeline per side (gVisor's
+"Timer for Restore" table) is printed as is.
+
+    scripts/bench.sh --suite runsc --a <build dir> --b <build dir> [--b-flags=--background] [--thp b] [--n 10]
+
+Needs root and a daemon (bench.sh starts one: CELLFORK_URL, CELLFORK_DATA_DIR).
+Huge pages: --thp a|b sets /sys/kernel/mm/transparent_hugepage/shmem_enabled
+to "advise" and defrag to "defer" while that side's sandboxes start, and puts
+the host's settings back after each (gVisor uses huge pages only if both
+allow it: runsc/boot/loader.go createMemoryFile).
+"""
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import glob
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fork  # noqa: E402
+from bench import stats  # noqa: E402
+from fork import Raw, Table, ms, sh, dir_mb, rm, wait_pool, daemon_flags, pool_state, spec_of, log  # noqa: E402
+
+THP = "/sys/kernel/mm/transparent_hugepage/"
+
+
+class Side:
+    def __init__(self, name, build, flags, thp):
+        self.name, self.thp = name, thp
+        self.bin = os.path.join(build, "runsc") if os.path.isdir(build) else build
+        out = subprocess.run([self.bin, "--version"], capture_output=True, text=True, check=True).stdout
+        self.build = out.split("\n")[0].removeprefix("runsc version ")
+        self.flags = flags.split() if flags else []
+        # CELLFORK_AB_KEEP_LOGS=DIR keeps the sentry logs there after the run.
+        self.logs = os.path.join(os.environ.get("CELLFORK_AB_KEEP_LOGS") or fork.DATA, f"ab-logs-{name}")
+        os.makedirs(self.logs, exist_ok=True)
+        self.raw = Raw(self.bin, [f"--debug-log={self.logs}/runsc.%ID%.%COMMAND%.%TIMESTAMP%.txt"])
+        self.parent = self.image = self.spec = self.child = None
+
+    def label(self):
+        extra = " ".join(self.flags) + (" +THP" if self.thp else "")
+        return f"{self.name}: {self.build.split('+')[-1]}{' ' + extra if extra else ''}"
+
+
+@contextlib.contextmanager
+def thp(on):
+    """Host shmem THP as gVisor wants it for huge pages, for the block."""
+    if not on:
+        yield
+        return
+    old = {f: open(THP + f).read().split("[")[1].split("]")[0] for f in ("shmem_enabled", "defrag")}
+    try:
+        open(THP + "shmem_enabled", "w").write("advise")
+        open(THP + "defrag", "w").write("defer")
+        yield
+    finally:
+        for f, v in old.items():
+            open(THP + f, "w").write(v)
+
+
+def netns_run(raw, cid, code):
+    """Runs Python code in the container's router namespace (it reaches the sandbox at 10.88.0.2)."""
+    ns = raw.live[cid][0]
+    return subprocess.run(["ip", "netns", "exec", ns + "-r", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=300)
+
+
+def boot_parent(side, src):
+    """Boots the side's parent from the daemon's bundle with the template's
+    pre-imports and waits for its default code context."""
+    spec = json.loads(json.dumps(spec_of(src)))
+    env = [e for e in spec["process"]["env"] if not e.startswith("CELLFORK_PREIMPORT=")]
+    spec["process"]["env"] = env + ["CELLFORK_PREIMPORT=numpy,pandas,matplotlib"]
+    with thp(side.thp):
+        cid = side.raw.setup(spec, prepared=False)
+        b = side.raw.live[cid][1]
+        with open(os.path.join(b, "console.log"), "a") as out:
+            side.raw.runsc(side.raw.root, "run", "--detach", f"--bundle={b}", cid, out=out,
+                           log_to=os.path.join(b, "runsc.log"))
+    p = netns_run(side.raw, cid, """
+import http.client, json, time
+t0 = time.time()
+while True:
+    try:
+        c = http.client.HTTPConnection('10.88.0.2', 49983, timeout=5)
+        c.request('POST', '/init', json.dumps({'envVars': {}, 'defaultUser': 'user'}), {'Content-Type': 'application/json'})
+        assert c.getresponse().status // 100 == 2
+        break
+    except OSError:
+        if time.time() - t0 > 60: raise
+        time.sleep(0.1)
+c = http.client.HTTPConnection('10.88.0.2', 49999, timeout=180)
+c.request('GET', '/ready')
+print(c.getresponse().status)
+""")
+    if p.returncode or p.stdout.strip() != "204":
+        raise RuntimeError(f"{side.name}: parent not ready: {p.stdout} {p.stderr[-800:]}")
+    side.parent, side.spec = cid, spec
+
+
+# --- the sentry's log ----------------------------------------------------------
+
+TS = re.compile(r"^[IWDE](\d{4} \d\d:\d\d:\d\d\.\d{6})")
+DUR = r"([0-9.]+(?:µs|ms|s|m))"
+# (name, regex, what to take: a duration in the line)
+PHASES_RESTORE = [
+    ("kernel-state decode (Kernel load took)", re.compile(r"Kernel load took \[" + DUR)),
+    ("whole kernel load, with VFS and network (Overall load took)", re.compile(r"Overall load took \[" + DUR)),
+    ("page loading (async, total)", re.compile(r"Async page loading completed in " + DUR)),
+    ("page metadata loaded in", re.compile(r"loaded metadata in " + DUR)),
+]
+PHASES_SAVE = [
+    ("stop time (Stopping time for save took)", re.compile(r"Stopping time for save took \[" + DUR)),
+    ("evictions (Evictions for save took)", re.compile(r"Evictions for save took \[" + DUR)),
+    ("drop host-file mappings (Invalidating unsavable mappings took)", re.compile(r"Invalidating unsavable mappings took \[" + DUR)),
+    ("prepare filesystems (Preparing filesystems for save took)", re.compile(r"Preparing filesystems for save took \[" + DUR)),
+    ("  gofer: evict cached dentries", re.compile(r"evicting cached dentries took \[" + DUR)),
+    ("  gofer: flush files", re.compile(r"flushing written files \[" + DUR)),
+    ("zero scan (save scanning took)", re.compile(r"save scanning took " + DUR)),
+    ("kernel-state encode (Kernel save took)", re.compile(r"Kernel save took \[" + DUR)),
+    ("page writes (async, total)", re.compile(r"Async page saving completed in " + DUR)),
+    ("whole save (Overall save took)", re.compile(r"Overall save took \[" + DUR)),
+]
+ADOPTED = re.compile(r"Image \S+: (\d+) bytes of memory mapped copy-on-write")
+
+
+def to_ms(s):
+    for unit, f in (("µs", 1e-3), ("ms", 1.0), ("m", 60e3), ("s", 1e3)):
+        if s.endswith(unit):
+            return float(s[: -len(unit)]) * f
+    return float(s)
+
+
+def logs_of(side, cid, kinds=("boot",)):
+    """The side's debug logs of container cid's runsc commands of the given kinds."""
+    return [f for f in glob.glob(os.path.join(side.logs, f"runsc.{cid}.*"))
+            if any(f".{k}." in os.path.basename(f) for k in kinds)]
+
+
+def line_time(line):
+    """The wall-clock time of a log line (glog prefix: I1124 11:07:54.885514), or None."""
+    m = TS.match(line)
+    if not m:
+        return None
+    g = m.group(1)  # MMDD HH:MM:SS.ffffff
+    return time.mktime(time.strptime(time.strftime("%Y") + g[:13], "%Y%m%d %H:%M:%S")) + float(g[13:])
+
+
+def phases_in(files, phases, since=0.0):
+    """The phases' durations in the files' lines logged at or after since."""
+    got = {}
+    for f in files:
+        for line in open(f, errors="replace"):
+            if since and (lt := line_time(line)) is not None and lt < since:
+                continue
+            for name, rx in phases:
+                m = rx.search(line)
+                if m and name not in got:
+                    got[name] = to_ms(m.group(1))
+            if (m := ADOPTED.search(line)) and phases is PHASES_RESTORE:
+                got["memory mapped from the image, not loaded (MB)"] = int(m.group(1)) / 2**20
+    return got
+
+
+FIRST_EXEC = """
+import http.client, json, time
+t0 = time.perf_counter()
+c = http.client.HTTPConnection('10.88.0.2', 49999, timeout=60)
+c.request('POST', '/execute', json.dumps({'code': 'x = sum(range(1000)); print(x)'}), {'Content-Type': 'application/json'})
+body = c.getresponse().read().decode()
+assert '499500' in body, body
+print((time.perf_counter() - t0) * 1000)
+"""
+
+
+def first_exec(side, cid):
+    """Time of the first run_code of a restored sandbox (its REPL's first
+    touches of memory after the restore), measured inside its router netns."""
+    p = netns_run(side.raw, cid, FIRST_EXEC)
+    if p.returncode:
+        raise RuntimeError(f"{side.name}: first run_code failed: {p.stderr[-500:]}")
+    return float(p.stdout.strip())
+
+
+def restore_timer(files):
+    """gVisor's restore timeline table, as logged (the last one)."""
+    for f in files:
+        text = open(f, errors="replace").read()
+        end = text.rfind("---- End of Restore timing information ----")
+        if end < 0:
+            continue
+        start = max(text.rfind("\nI", 0, end), 0)
+        body = text[start:end].strip()
+        return body.split("] ", 1)[-1] if "] " in body.split("\n", 1)[0] else body
+    return ""
+
+
+def gomaxprocs(files):
+    vals = []
+    for f in files:
+        vals += [int(x) for x in re.findall(r"GOMAXPROCS to (\d+)", open(f, errors="replace").read())]
+    return max(vals) if vals else None
+
+
+# --- operations -------------------------------------------------------------------
+
+def one_restore(side, flags=()):
+    """One timed restore of the side's image into a pre-created container."""
+    with thp(side.thp):
+        cid = side.raw.setup(side.spec, prepared=True)
+    try:
+        t0 = time.time()
+        b = side.raw.live[cid][1]
+        with open(os.path.join(b, "console.log"), "a") as out:
+            t = side.raw.runsc(side.raw.root, "restore", "--detach", *side.flags, *flags,
+                               f"--image-path={side.image}", f"--bundle={b}", cid, out=out,
+                               log_to=os.path.join(b, "runsc.log"))
+        side.raw.check(cid)
+        fe = first_exec(side, cid)
+        time.sleep(0.5)  # background page loading finishes, the timer logs
+        files = logs_of(side, cid)
+        ph = phases_in(files, PHASES_RESTORE)
+        ph["first run_code after the restore (ms)"] = fe
+        return t, ph, files, cid
+    except BaseException:
+        side.raw.delete(cid)
+        raise
+
+
+def fork_n(side, n):
+    with thp(side.thp):
+        cids = [side.raw.setup(side.spec, prepared=False) for _ in range(n)]
+    try:
+        t0 = time.perf_counter()
+        with cf.ThreadPoolExecutor(n) as ex:
+            list(ex.map(lambda c: side.raw.restore(c, side.image), cids))
+        wall = ms(t0)
+        side.raw.check(cids[0])
+        return wall
+    finally:
+        side.raw.delete_all(cids)
+
+
+def raw_checkpoint(side, cid):
+    """`runsc checkpoint --leave-running` of a container in the side's own root."""
+    img = tempfile.mkdtemp(prefix="img-", dir=side.raw.tmp)
+    t = side.raw.runsc(side.raw.root, "checkpoint", "--leave-running", "--compression=none", f"--image-path={img}", cid)
+    return t, img
+
+
+def checkpoint(side):
+    """A leave-running checkpoint of the side's restored child; its own size."""
+    t0 = time.time()
+    t, img = raw_checkpoint(side, side.child)
+    size = sum(os.path.getsize(f) for f in glob.glob(os.path.join(img, "*"))
+               if not os.path.basename(f).startswith("base-")) / 2**20
+    rm(img)
+    time.sleep(0.2)
+    return t, size, phases_in(logs_of(side, side.child), PHASES_SAVE, since=t0 - 0.5)
+
+
+def pss(side):
+    cid = side.raw.setup(side.spec, prepared=False)
+    try:
+        with thp(side.thp):
+            side.raw.restore(cid, side.image)
+        side.raw.check(cid)
+        time.sleep(2)
+        return fork.pss_mb([cid])[cid], fork.uss_mb([cid])[cid]
+    finally:
+        side.raw.delete(cid)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--a", required=True, help="side A: a build directory (scripts/build-runsc.sh) or a runsc binary")
+    ap.add_argument("--b", required=True, help="side B, likewise")
+    ap.add_argument("--a-flags", default="", help="extra `runsc restore` flags of side A")
+    ap.add_argument("--b-flags", default="", help="extra `runsc restore` flags of side B")
+    ap.add_argument("--thp", choices=["a", "b", "both", "none"], default="none", help="which side runs with host shmem huge pages")
+    ap.add_argument("--n", type=int, default=10, help="samples per side and operation")
+    ap.add_argument("--fork", type=int, default=5, help="parallel restores in the fork row")
+    ap.add_argument("--ops", default="restore,fork,checkpoint,pss")
+    args = ap.parse_args()
+    ops = args.ops.split(",")
+    sides = [Side("A", args.a, args.a_flags, args.thp in ("a", "both")),
+             Side("B", args.b, args.b_flags, args.thp in ("b", "both"))]
+    wait_pool(ready=1, shells=0)
+    if flags := daemon_flags():
+        fork.FLAGS[:] = flags
+    src = (pool_state()[0] or [None])[0]
+    if src is None:
+        raise SystemExit("the daemon has no ready sandbox to take a bundle from")
+    t_start, load0 = time.time(), os.getloadavg()[0]
+    res = {s.name: {"restore": [], "rphase": [], "fork": [], "ckpt": [], "size": [], "sphase": [], "pss": [], "uss": []} for s in sides}
+    timers, procs = {}, {}
+    try:
+        for s in sides:
+            log(f"booting parent {s.label()}")
+            boot_parent(s, src)
+            t, img = raw_checkpoint(s, s.parent)
+            s.image = img
+            log(f"{s.name}: image {dir_mb(img):.0f} MB")
+            if "checkpoint" in ops:
+                # The sandbox the checkpoint samples save: restored, used.
+                with thp(s.thp):
+                    s.child = s.raw.setup(s.spec, prepared=False)
+                s.raw.restore(s.child, s.image)
+                first_exec(s, s.child)
+        for i in range(args.n):
+            order = sides if i % 2 == 0 else sides[::-1]
+            for s in order:
+                r = res[s.name]
+                if "restore" in ops:
+                    t, ph, files, cid = one_restore(s)
+                    r["restore"].append(t)
+                    r["rphase"].append(ph)
+                    if i == args.n // 2:
+                        timers[s.name] = restore_timer(files)
+                        procs[s.name] = gomaxprocs(files)
+                    s.raw.delete(cid)
+                if "checkpoint" in ops:
+                    t, size, ph = checkpoint(s)
+                    r["ckpt"].append(t)
+                    r["size"].append(size)
+                    r["sphase"].append(ph)
+                if "fork" in ops and i < max(2, args.n // 3):
+                    r["fork"].append(fork_n(s, args.fork))
+                if "pss" in ops and i < 3:
+                    p, u = pss(s)
+                    r["pss"].append(p)
+                    r["uss"].append(u)
+            log(f"round {i + 1}/{args.n} done")
+    finally:
+        for s in sides:
+            s.raw.close()
+    print(f"runsc A/B — {time.strftime('%Y-%m-%d %H:%M')} — {os.cpu_count()} CPUs, load average {load0:.1f} at start / "
+          f"{os.getloadavg()[0]:.1f} at end, {time.time() - t_start:.0f} s; times in ms, A and B alternating sample by sample\n")
+    for s in sides:
+        print(f"- {s.label()}  (`{s.build}`{', restore flags ' + ' '.join(s.flags) if s.flags else ''})")
+    print()
+    t = Table("Side by side", "Ratio: B p50 / A p50.")
+    a, b = res["A"], res["B"]
+
+    def pair(name, key, unit="ms"):
+        if a[key] or b[key]:
+            t.add(f"A: {name}", a[key], unit=unit)
+            t.add(f"B: {name}", b[key], a[key] or None, unit=unit)
+
+    def phase_pair(key, phases):
+        names = [n for n, _ in phases] + sorted({k for r in (a[key] + b[key]) for k in r} - {n for n, _ in phases})
+        for name in names:
+            xa = [p[name] for p in a[key] if name in p]
+            xb = [p[name] for p in b[key] if name in p]
+            if xa or xb:
+                t.add(f"  · A: {name}", xa)
+                t.add(f"  · B: {name}", xb, xa or None)
+
+    pair("`runsc restore` into a pre-created container", "restore")
+    phase_pair("rphase", PHASES_RESTORE)
+    pair(f"{args.fork} parallel `runsc restore` into new containers (wall)", "fork")
+    pair("`runsc checkpoint --leave-running` of a restored sandbox", "ckpt")
+    phase_pair("sphase", PHASES_SAVE)
+    pair("checkpoint's own size, without the images it references (MB)", "size", unit="MB")
+    pair("PSS of a restored idle sandbox (MB; sentry, gofer, stubs)", "pss", unit="MB")
+    pair("  its own pages, USS (MB)", "uss", unit="MB")
+    print(t.render())
+    for s in sides:
+        if s.name in timers:
+            print(f"#### {s.label()}: one restore's timeline (sentry log; GOMAXPROCS peaked at {procs.get(s.name)})\n")
+            print("```\n" + (timers[s.name] or "(no 'Timer for Restore' in the sentry log)") + "\n```\n")
+    for s in sides:
+        if not os.environ.get("CELLFORK_AB_KEEP_LOGS"):
+            shutil.rmtree(s.logs, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
