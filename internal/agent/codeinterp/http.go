@@ -107,22 +107,36 @@ func (i *Interpreter) execute(ctx context.Context, c *codeContext, req executeRe
 		return // the client left before its turn: nothing ran
 	}
 	defer c.release()
-	k, err := c.kernel(ctx, i.spawnSpec)
-	if err != nil {
-		name := "KernelError"
-		if errors.Is(err, errRemoved) {
-			name = "ContextNotFound"
+	// A kernel killed while idle (say, by a pkill of the user's processes)
+	// may be seen dead only once it has the command: run then says it took
+	// nothing, and the command goes to a fresh kernel, once.
+	for attempt := 0; ; attempt++ {
+		k, err := c.kernel(ctx, i.spawnSpec)
+		if err != nil {
+			name := "KernelError"
+			if errors.Is(err, errRemoved) {
+				name = "ContextNotFound"
+			}
+			i.log.Warn("no kernel for execution", "context.id", c.id, "err", err)
+			out.write(errorLine(name, err.Error(), ""))
+			return
 		}
-		i.log.Warn("no kernel for execution", "context.id", c.id, "err", err)
-		out.write(errorLine(name, err.Error(), ""))
-		return
+		cmd, err := k.command(*req.Code, i.settings.Envs(), req.EnvVars)
+		if err != nil {
+			out.write(errorLine("KernelError", err.Error(), ""))
+			return
+		}
+		if k.run(ctx, cmd, out, i.timing) {
+			return
+		}
+		i.log.Warn("kernel died before it took the command", "context.id", c.id, "state", k.exitState(), "attempt", attempt+1)
+		if attempt == 1 {
+			out.write(errorLine("UnexpectedEndOfExecution",
+				"the kernel exited ("+k.exitState()+") before it ran the code, twice; the next execution starts a fresh one",
+				k.diagnostics()))
+			return
+		}
 	}
-	cmd, err := k.command(*req.Code, i.settings.Envs(), req.EnvVars)
-	if err != nil {
-		out.write(errorLine("KernelError", err.Error(), ""))
-		return
-	}
-	k.run(ctx, cmd, out, i.timing)
 }
 
 // createRequest is the POST /contexts body (may be empty).

@@ -344,7 +344,13 @@ func (k *kernel) command(code string, sandboxEnv, env map[string]string) ([]byte
 // cell is interrupted with SIGINT, repeated every t.grace; after
 // t.interrupts tries the kernel is killed. The stream is consumed to the
 // end either way, so the kernel is idle (or dead) when run returns.
-func (k *kernel) run(ctx context.Context, command []byte, out *ndjson, t timing) {
+//
+// run reports whether the kernel took the command. Every kernel says
+// number_of_executions before it runs a cell, so a kernel that died before
+// saying anything ran nothing (it was killed while idle, and the agent had
+// not yet seen it go): run then writes nothing, and the caller may run the
+// command on a fresh kernel.
+func (k *kernel) run(ctx context.Context, command []byte, out *ndjson, t timing) (taken bool) {
 	ex := &execution{lines: make(chan []byte, 64), gone: make(chan struct{})}
 	k.mu.Lock()
 	k.cur = ex
@@ -367,9 +373,10 @@ func (k *kernel) run(ctx context.Context, command []byte, out *ndjson, t timing)
 	for {
 		select {
 		case line := <-ex.lines:
+			taken = true
 			k.forward(line, ex, out, &st)
 			if st.finished(k.foreign) {
-				return
+				return true
 			}
 			if st.done && markWait == nil {
 				markWait = time.After(markTimeout)
@@ -379,10 +386,13 @@ func (k *kernel) run(ctx context.Context, command []byte, out *ndjson, t timing)
 			// mark must not end the next execution early.
 			k.log.Warn("kernel did not mark the end of its output; killing it", "marks", st.marks)
 			k.kill()
-			return
+			return true
 		case <-k.done:
+			if !taken && len(ex.lines) == 0 && interrupts == 0 {
+				return false
+			}
 			k.lostKernel(ex, out)
-			return
+			return true
 		case <-tick.C:
 			out.write(keepaliveLine)
 		case <-cancelled:

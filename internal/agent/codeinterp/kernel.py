@@ -507,9 +507,13 @@ def _pop_env(saved):
 
 def _execute(req, ns):
     _State.count += 1
-    _State.last_write = 0.0  # a cell's first output is sent at once
-    with _lock:  # sent with the first output, or with "done"
+    with _lock:
+        # Sent before the cell runs: the agent's proof that the kernel took
+        # the command (one that died before saying so ran nothing, and the
+        # agent runs the command again on a fresh kernel).
         _outbox.append('{"type":"number_of_executions","execution_count":%d}' % _State.count)
+        _write_outbox()
+    _State.last_write = 0.0  # a cell's first output is sent at once
     saved = None
     _State.pending = False
     try:

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -347,5 +348,57 @@ func TestRunsAsDefaultUser(t *testing.T) {
 	}
 	if st, err := os.Stat(filepath.Join(dir, "f")); err != nil || st.Sys().(*syscall.Stat_t).Uid != acct.UID {
 		t.Errorf("file not owned by nobody: %v", err)
+	}
+}
+
+// TestKernelKilledWhileIdle: a kernel killed between executions (a pkill
+// of the user's processes) costs the next execution nothing. An execution
+// that reaches the dead kernel before the agent saw it die is not taken
+// (the kernel said nothing, so it ran nothing) and runs on a fresh kernel.
+// A cell that kills its own kernel is not run again.
+func TestKernelKilledWhileIdle(t *testing.T) {
+	h := newHarness(t, "", nil)
+	noError(t, h.run("x = 1"))
+	c, err := h.ip.defaultContext(Python)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := c.kernel(context.Background(), h.ip.spawnSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(k.pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd, err := k.command("print('ran')", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	if k.run(context.Background(), cmd, newNDJSON(rec, h.ip.log), h.ip.timing) {
+		t.Errorf("a kernel killed before the command took it: %s", rec.Body)
+	}
+	if rec.Body.Len() != 0 {
+		t.Errorf("an execution the dead kernel did not take wrote %q", rec.Body)
+	}
+
+	for range 5 {
+		k, err := c.kernel(context.Background(), h.ip.spawnSpec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = syscall.Kill(k.pid, syscall.SIGKILL)
+		if o := h.run("print('ok')"); o.stdout != "ok\n" || o.err != nil {
+			t.Fatalf("right after the kernel was killed: %q %v", o.stdout, o.err)
+		}
+	}
+
+	count := filepath.Join(t.TempDir(), "count")
+	o := h.run(fmt.Sprintf("import os, signal\nopen(%q, 'a').write('x')\nos.kill(os.getpid(), signal.SIGKILL)", count))
+	if o.err.str("name") != "UnexpectedEndOfExecution" {
+		t.Fatalf("a cell that killed its kernel: %v", o.err)
+	}
+	if b, _ := os.ReadFile(count); string(b) != "x" {
+		t.Errorf("the cell that killed its kernel ran %d times", len(b))
 	}
 }
