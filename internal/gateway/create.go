@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -73,18 +74,109 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request, c caller, asked
 		}
 		region = g.firstAllowed(c)
 	}
-	if region.ID != v.Region.ID {
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		g.toRegion(w, r, region.ID)
+	// The region chosen first; unless it was asked for, the other allowed
+	// ones after it (this gateway's own region first among them), each
+	// tried when the one before cannot take the create: no host fits, its
+	// gateway is unreachable or answers 5xx. A forwarded create is not
+	// passed on again.
+	order := []clusterdb.Region{region}
+	if !pinned && r.Header.Get(headerForwarded) == "" {
+		for _, other := range append([]clusterdb.Region{v.Region}, v.Regions...) {
+			if c.allows(other) && !slices.ContainsFunc(order, func(o clusterdb.Region) bool { return o.ID == other.ID }) &&
+				(other.ID == v.Region.ID || other.GatewayURL != "") {
+				order = append(order, other)
+			}
+		}
+	}
+	for i, reg := range order {
+		last := i == len(order)-1
+		if reg.ID != v.Region.ID {
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			if g.createIn(w, r, reg, last) {
+				return
+			}
+			continue
+		}
+		if g.createHere(w, r, c, reg, b.TemplateID, b.MemoryMB, body, last, t0) {
+			return
+		}
+	}
+}
+
+// createIn forwards a create to region reg's gateway. It answers the
+// client and returns true, unless reg failed in a way another region may
+// not (unreachable, 5xx) and last is false: then it answers nothing.
+func (g *Gateway) createIn(w http.ResponseWriter, r *http.Request, reg clusterdb.Region, last bool) bool {
+	if last {
+		g.toRegion(w, r, reg.ID)
+		return true
+	}
+	rec := &failoverWriter{ResponseWriter: w}
+	g.toRegion(rec, r, reg.ID)
+	if rec.failed {
+		g.log.Info("create failing over to another region", "from", reg.Name, "status", rec.status)
+		return false
+	}
+	return true
+}
+
+// failoverWriter passes an answer through unless it is a 5xx, which it
+// drops (headers, status and body) so that the create can go elsewhere.
+type failoverWriter struct {
+	http.ResponseWriter
+	header http.Header
+	status int
+	failed bool
+}
+
+func (f *failoverWriter) Header() http.Header {
+	if f.header == nil {
+		f.header = http.Header{}
+	}
+	return f.header
+}
+
+func (f *failoverWriter) WriteHeader(status int) {
+	f.status = status
+	if status >= 500 {
+		f.failed = true
 		return
 	}
+	for k, v := range f.header {
+		f.ResponseWriter.Header()[k] = v
+	}
+	f.ResponseWriter.WriteHeader(status)
+}
+
+func (f *failoverWriter) Write(b []byte) (int, error) {
+	if f.failed {
+		return len(b), nil
+	}
+	if f.status == 0 {
+		f.WriteHeader(http.StatusOK)
+	}
+	return f.ResponseWriter.Write(b)
+}
+
+func (f *failoverWriter) Flush() {
+	if !f.failed {
+		http.NewResponseController(f.ResponseWriter).Flush()
+	}
+}
+
+func (f *failoverWriter) Unwrap() http.ResponseWriter { return f.ResponseWriter }
+
+// createHere places the create in this gateway's region. It answers the
+// client and returns true, unless no host could take it and last is
+// false: then it answers nothing.
+func (g *Gateway) createHere(w http.ResponseWriter, r *http.Request, c caller, region clusterdb.Region, templateID *string, memoryMB *int64, body []byte, last bool, t0 time.Time) bool {
 	req := placement.Request{Region: region.ID, MemoryMB: g.cfg.DefaultMemoryMB}
-	if b.MemoryMB != nil && *b.MemoryMB > 0 {
-		req.MemoryMB = *b.MemoryMB
+	if memoryMB != nil && *memoryMB > 0 {
+		req.MemoryMB = *memoryMB
 	}
 	tpl := ""
-	if b.TemplateID != nil {
-		tpl = *b.TemplateID
+	if templateID != nil {
+		tpl = *templateID
 	}
 	if name, err := template.Resolve(tpl); err == nil {
 		req.Template = name
@@ -92,12 +184,12 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request, c caller, asked
 		db := g.db.Load()
 		if db == nil {
 			api.Fail(g.log, w, r, errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable; retry later"))
-			return
+			return true
 		}
 		sn, err := db.FindSnapshot(r.Context(), c.team.ID, tpl)
 		if err != nil {
 			api.Fail(g.log, w, r, errdefs.New(errdefs.ErrNotFound, "template or snapshot %q not found (built-in templates: base, code-interpreter-v1)", tpl))
-			return
+			return true
 		}
 		// Its image is on one host until images travel.
 		req.Slot, req.Standby = sn.HostSlot, sn.ID
@@ -105,29 +197,24 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request, c caller, asked
 	timing.Since(r.Context(), "route", t0)
 	reasons, err := g.place(w, r, c, req, body)
 	if err == nil {
-		return // answered
+		return true // answered
 	}
-	if !pinned {
-		for _, other := range v.Regions {
-			if other.ID != region.ID && other.GatewayURL != "" && c.allows(other) && r.Header.Get(headerForwarded) == "" {
-				g.log.Info("create failing over to another region", "from", region.Name, "to", other.Name, "why", err)
-				r.Body = io.NopCloser(bytes.NewReader(body))
-				g.toRegion(w, r, other.ID)
-				return
-			}
-		}
+	if !last && (errors.Is(err, errNoHost) || errors.Is(err, errdefs.ErrUnavailable)) {
+		g.log.Info("create failing over to another region", "from", region.Name, "why", err)
+		return false
 	}
 	if errors.Is(err, errNoHost) {
 		msg := fmt.Sprintf("no host in region %s can take the sandbox: %s", region.Name, reasons)
 		if reasons.Capacity() {
 			api.Fail(g.log, w, r, errdefs.New(errdefs.ErrUnavailable, "%s; retry later", msg))
-			return
+			return true
 		}
 		w.Header().Set("Should-Retry", "false")
 		api.WriteError(w, r.Header.Get("X-Request-Id"), http.StatusServiceUnavailable, msg)
-		return
+		return true
 	}
 	api.Fail(g.log, w, r, err)
+	return true
 }
 
 var errNoHost = errors.New("no host can take it")

@@ -26,6 +26,7 @@ func TestCluster(t *testing.T) {
 		{"sdk", testSDKConformance},
 		{"database-outage", testDatabaseOutage},
 		{"gateway-restart-without-database", testGatewayRestartWithoutDatabase},
+		{"create-fails-over", testCreateFailsOver},
 		{"partition", testPartitionAndHeal},
 		{"never-two-copies", testNeverTwoCopies},
 		{"host-killed", testHostKilled},

@@ -231,3 +231,53 @@ func testHostKilled(t *testing.T) {
 }
 
 func jsonOf(r resp, v any) error { return jsonUnmarshal(r.body, v) }
+
+// testCreateFailsOver: a team whose creates go to us by default gets its
+// sandbox in eu while us's gateway is down (a create is the one request
+// that fails over), and not when it asked for us by name.
+func testCreateFailsOver(t *testing.T) {
+	ctx := context.Background()
+	if err := c.Admin(ctx, "team", "add", "roaming", "--regions", "eu,us", "--default-region", "us"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.AdminOut(ctx, "key", "create", "roaming", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := map[string]string{"X-API-KEY": strings.TrimSpace(out)}
+	kill := func(r resp) {
+		var sb sandbox
+		if r.status == http.StatusCreated && jsonOf(r, &sb) == nil {
+			do(t, "eu", "DELETE", "/sandboxes/"+sb.ID, nil, key)
+		}
+	}
+	body := map[string]any{"templateID": "base", "timeout": 60}
+	r := do(t, "eu", "POST", "/v2/sandboxes", body, key)
+	var sb sandbox
+	if r.status != http.StatusCreated || jsonOf(r, &sb) != nil {
+		t.Fatalf("a create by the team's default: %d %s", r.status, r.body)
+	}
+	kill(r)
+	inUS := func(id string) bool { return id[1:3] == sb.ID[1:3] } // the id's region
+	if want := create(t, "us", nil); !inUS(want.ID) {
+		t.Fatalf("the team's default region is us, but its create landed elsewhere: %s vs %s", sb.ID, want.ID)
+	}
+
+	gw := c.Gateways["us"]
+	gw.Signal(syscall.SIGKILL)
+	defer func() {
+		if err := gw.Start(); err != nil {
+			t.Fatalf("restarting the us gateway: %v", err)
+		}
+	}()
+	r = do(t, "eu", "POST", "/v2/sandboxes", body, key)
+	if r.status != http.StatusCreated || jsonOf(r, &sb) != nil || inUS(sb.ID) {
+		t.Errorf("a create while its default region's gateway is down: %d %s", r.status, r.body)
+	}
+	kill(r)
+	r = do(t, "eu", "POST", "/v2/sandboxes", body, map[string]string{"X-API-KEY": key["X-API-KEY"], "X-Cellfork-Region": "us"})
+	if r.status != http.StatusBadGateway {
+		t.Errorf("a create that asked for the unreachable region: %d %s (want 502, not another region)", r.status, r.body)
+	}
+	kill(r)
+}
