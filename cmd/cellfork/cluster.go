@@ -117,7 +117,8 @@ const adminUsage = `usage: cellfork admin [--cluster URL] COMMAND
   key revoke TEAM NAME
   keys
   hosts
-  cordon SLOT | drain SLOT | activate SLOT
+  cordon SLOT | drain SLOT [--wait] [--timeout D] | activate SLOT
+                                        drain: no new sandboxes; --wait: until its running ones end
   rotate-token-key                      new sandbox tokens from a new key (the previous one still checks)
 `
 
@@ -278,17 +279,63 @@ func admin(ctx context.Context, db *clusterdb.DB, args []string, out io.Writer, 
 			}
 		})
 	case "cordon", "drain", "activate":
-		if len(args) != 2 {
+		sub := flag.NewFlagSet(args[0], flag.ContinueOnError)
+		wait := sub.Bool("wait", false, "drain: wait until the host's running sandboxes have ended")
+		timeout := sub.Duration("timeout", 0, "drain --wait: give up after this long (0: never)")
+		if len(args) < 2 {
 			return errUsage
 		}
 		slot, err := strconv.Atoi(args[1])
-		if err != nil {
+		if err != nil || sub.Parse(args[2:]) != nil || sub.NArg() != 0 || (*wait && args[0] != "drain") {
 			return errUsage
 		}
 		state := map[string]string{"cordon": "cordoned", "drain": "draining", "activate": "active"}[args[0]]
-		return db.SetHostState(ctx, slot, state)
+		if err := db.SetHostState(ctx, slot, state); err != nil {
+			return err
+		}
+		if *wait {
+			return waitDrained(ctx, db, slot, *timeout, out)
+		}
+		return nil
 	case "rotate-token-key":
 		return db.RotateTokenKey(ctx, ids.RandomKey())
 	}
 	return errUsage
+}
+
+// waitDrained waits until host slot runs no sandbox (paused ones stay on
+// it: they wait for images that travel), saying every few seconds how
+// many are left.
+func waitDrained(ctx context.Context, db *clusterdb.DB, slot int, timeout time.Duration, out io.Writer) error {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	last := -1
+	for {
+		sbs, err := db.HostSandboxes(ctx, slot)
+		if err != nil && ctx.Err() == nil {
+			return err
+		}
+		running := 0
+		for _, s := range sbs {
+			if s.State == "running" || s.State == "creating" {
+				running++
+			}
+		}
+		if err == nil && running == 0 {
+			fmt.Fprintf(out, "host %d is drained (%d paused sandboxes stay on it)\n", slot, len(sbs))
+			return nil
+		}
+		if running != last {
+			fmt.Fprintf(out, "host %d draining: %d running sandboxes left\n", slot, running)
+			last = running
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("host %d still runs %d sandboxes after %v", slot, running, timeout)
+		case <-time.After(2 * time.Second):
+		}
+	}
 }

@@ -27,6 +27,7 @@ func TestCluster(t *testing.T) {
 		{"database-outage", testDatabaseOutage},
 		{"gateway-restart-without-database", testGatewayRestartWithoutDatabase},
 		{"create-fails-over", testCreateFailsOver},
+		{"drain-waits", testDrainWaits},
 		{"partition", testPartitionAndHeal},
 		{"never-two-copies", testNeverTwoCopies},
 		{"host-killed", testHostKilled},

@@ -281,3 +281,49 @@ func testCreateFailsOver(t *testing.T) {
 	}
 	kill(r)
 }
+
+// testDrainWaits: `admin drain SLOT --wait` returns once the host's
+// running sandboxes have ended, and no create lands on a draining host.
+func testDrainWaits(t *testing.T) {
+	ctx := context.Background()
+	sb := create(t, "eu", nil)
+	h := hostOf(t, sb)
+	slot := fmt.Sprint(h.N)
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := c.AdminOut(ctx, "drain", slot, "--wait", "--timeout", "90s")
+		done <- result{out, err}
+	}()
+	defer func() {
+		if err := c.Admin(ctx, "activate", slot); err != nil {
+			t.Errorf("activating host %s again: %v", slot, err)
+		}
+	}()
+	select {
+	case r := <-done:
+		t.Fatalf("drain --wait returned while host %s still ran %s: %q %v", slot, sb.ID, r.out, r.err)
+	case <-time.After(4 * time.Second):
+	}
+	// The gateways see the state within a second or two (NOTIFY).
+	time.Sleep(2 * time.Second)
+	for range 2 {
+		if other := create(t, "eu", nil); hostOf(t, other).N == h.N {
+			t.Errorf("a create landed on draining host %s", slot)
+		} else {
+			do(t, "eu", "DELETE", "/sandboxes/"+other.ID, nil, nil)
+		}
+	}
+	do(t, "eu", "DELETE", "/sandboxes/"+sb.ID, nil, nil)
+	select {
+	case r := <-done:
+		if r.err != nil || !strings.Contains(r.out, "is drained") {
+			t.Errorf("drain --wait: %q %v", r.out, r.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("drain --wait did not return 30 s after the host's last sandbox ended")
+	}
+}
