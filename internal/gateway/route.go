@@ -15,6 +15,7 @@ import (
 	"github.com/cellfork/cellfork/internal/api"
 	"github.com/cellfork/cellfork/internal/clusterauth"
 	"github.com/cellfork/cellfork/internal/clusterdb"
+	"github.com/cellfork/cellfork/internal/dashboard"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/ids"
 	"github.com/cellfork/cellfork/internal/timing"
@@ -64,6 +65,15 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, reqID string) {
 		return
 	case "/openapi.yaml":
 		api.ServeOpenAPI(w, r)
+		return
+	case "/dashboard":
+		http.Redirect(w, r, "/dashboard/", http.StatusMovedPermanently)
+		return
+	}
+	// The dashboard's static files need no key; the page calls the API
+	// with the key its user signs in with.
+	if strings.HasPrefix(r.URL.Path, "/dashboard/") && r.Method == http.MethodGet {
+		http.StripPrefix("/dashboard", dashboard.Handler()).ServeHTTP(w, r)
 		return
 	}
 	// Another region's sandbox: its gateway answers (it authenticates too).
@@ -116,6 +126,8 @@ func (g *Gateway) control(w http.ResponseWriter, r *http.Request, c caller, regi
 		g.snapshotOp(w, r, c)
 	case strings.HasPrefix(p, "/templates/"):
 		g.anyHost(w, r, c)
+	case p == "/hosts" && r.Method == http.MethodGet:
+		g.hosts(w)
 	case sandboxInPath(p) != "":
 		g.sandboxOp(w, r, c)
 	default:
@@ -387,4 +399,25 @@ func (g *Gateway) withDomain(host string) func(*http.Response) error {
 		resp.Header.Set("Content-Length", fmt.Sprint(len(body)))
 		return nil
 	}
+}
+
+// hosts serves GET /hosts, the dashboard's view of the cluster: each
+// host's slot, name, region, state and sandboxes, from memory. Addresses
+// stay inside.
+func (g *Gateway) hosts(w http.ResponseWriter) {
+	v := g.view.Load()
+	out := make([]map[string]any, 0, len(v.Hosts))
+	for _, h := range v.Hosts {
+		region := fmt.Sprint(h.Region)
+		if reg, ok := v.byID[h.Region]; ok {
+			region = reg.Name
+		}
+		state := h.State
+		if state == "active" && !h.LeaseUntil.After(time.Now()) {
+			state = "unreachable"
+		}
+		out = append(out, map[string]any{"id": fmt.Sprintf("%d %s", h.Slot, h.Name), "slot": h.Slot, "region": region,
+			"state": state, "sandboxes": h.Capacity.Sandboxes})
+	}
+	api.WriteJSON(w, http.StatusOK, out)
 }

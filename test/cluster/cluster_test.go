@@ -72,6 +72,24 @@ func testRoutes(t *testing.T) {
 		t.Errorf("create asked for us: %d %s", r.status, r.body)
 	}
 	do(t, "us", "DELETE", "/sandboxes/"+other.ID, nil, nil)
+
+	// The dashboard: its page without a key, the cluster's hosts with one.
+	if r := do(t, "eu", "GET", "/dashboard/", nil, map[string]string{"X-API-KEY": ""}); r.status != 200 || !strings.Contains(string(r.body), "<html") {
+		t.Errorf("the gateway's dashboard: %d %.200s", r.status, r.body)
+	}
+	if r := do(t, "eu", "GET", "/hosts", nil, map[string]string{"X-API-KEY": ""}); r.status != 401 {
+		t.Errorf("/hosts without a key: %d", r.status)
+	}
+	var hosts []map[string]any
+	do(t, "eu", "GET", "/hosts", nil, nil).json(t, &hosts)
+	if len(hosts) != len(c.Hosts) {
+		t.Errorf("/hosts: %v", hosts)
+	}
+	for _, h := range hosts {
+		if h["state"] != "active" || (h["region"] != "eu" && h["region"] != "us") || h["addr"] != nil {
+			t.Errorf("/hosts entry: %v", h)
+		}
+	}
 }
 
 // testAuthAtTheEdge: wrong, revoked and expired keys and tokens, tokens

@@ -119,7 +119,8 @@ async function signIn(ev) {
   const k = document.getElementById("key").value.trim();
   const err = document.getElementById("signin-error");
   err.textContent = "";
-  const resp = await fetch("/host", { headers: { "X-API-KEY": k } });
+  // Any keyed call tells; this one a daemon and a cluster gateway both serve.
+  const resp = await fetch("/v2/sandboxes?limit=1", { headers: { "X-API-KEY": k } });
   if (!resp.ok) {
     err.textContent = resp.status === 401 ? "That key is not valid for this daemon." : "The daemon answered " + resp.status + ".";
     return;
@@ -510,7 +511,13 @@ async function hostPage(view) {
   const clusterBox = h("div", {});
   view.append(clusterBox);
   every(3000, async () => {
-    const x = await api("/host");
+    let x;
+    try { x = await api("/host"); } catch (e) {
+      if (e.status !== 404) throw e;
+      // A cluster gateway: no one host's levels; its hosts are listed below.
+      box.replaceChildren(h("p", { class: "muted" }, "This is a cluster gateway: its hosts are listed below."));
+      return;
+    }
     const c = x.capacity, p = x.pool, a = x.admission, s = x.snapshots;
     box.replaceChildren(h("div", { class: "grid" },
       card("Capacity", kv([
