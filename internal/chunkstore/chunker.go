@@ -48,9 +48,9 @@ func (c Chunking) validate() error {
 	return errdefs.New(errdefs.ErrInvalidArgument, "chunking %+v: want %s (64 <= min < avg < max <= %d, avg a power of two) or %s (min = avg = max)", c, AlgFastCDC, maxChunkSize, AlgFixed)
 }
 
-// split cuts r into chunks and calls fn with each, in order, with its
-// offset. data is only valid during the call.
-func (c Chunking) split(r io.Reader, fn func(off int64, data []byte) error) error {
+// Split cuts r into chunks as Export does and calls fn with each, in
+// order, with its offset. data is only valid during the call.
+func (c Chunking) Split(r io.Reader, fn func(off int64, data []byte) error) error {
 	var off int64
 	if c.Alg == AlgFixed {
 		buf := make([]byte, c.Avg)

@@ -76,24 +76,37 @@ func (s *Store) Export(ctx context.Context, dir string, meta map[string]string) 
 	defer unlock()
 	tk := time.Now()
 	hashes := m.Hashes()
-	keys := make([]string, len(hashes))
+	known, err := s.knownSince(held, hashes)
+	if err != nil {
+		return st, err
+	}
+	s.knownMu.Lock()
+	epoch := s.knownEpoch
+	s.knownMu.Unlock()
+	var ask []Hash
+	var keys []string
 	for i, h := range hashes {
-		keys[i] = ChunkKey(h)
+		if !known[i] {
+			ask = append(ask, h)
+			keys = append(keys, ChunkKey(h))
+		}
 	}
 	found, err := s.b.Has(held, keys)
 	if err != nil {
 		return st, fmt.Errorf("checking which chunks are stored: %w", err)
 	}
-	var missing []Hash
+	var missing, present []Hash
 	var total int64
-	for i, h := range hashes {
+	for i, h := range ask {
 		if found[i] {
-			st.Present++
+			present = append(present, h)
 		} else {
 			missing = append(missing, h)
 			total += int64(locs[h].size)
 		}
 	}
+	st.Present = len(hashes) - len(missing)
+	s.remember(epoch, present)
 	phase("export.check", tk)
 
 	tu := time.Now()
@@ -105,6 +118,7 @@ func (s *Store) Export(ctx context.Context, dir string, meta map[string]string) 
 			return st, err
 		}
 	}
+	s.remember(epoch, missing)
 	phase("export.upload", tu)
 
 	tm := time.Now()
@@ -185,7 +199,7 @@ func (s *Store) chunkFile(ctx context.Context, path, name string, fileIdx int, l
 	}
 	var done atomic.Int64
 	offsets := []int64{}
-	splitErr := s.chunking.split(f, func(off int64, data []byte) error {
+	splitErr := s.chunking.Split(f, func(off int64, data []byte) error {
 		c := Chunk{Size: len(data)}
 		if allZero(data) {
 			c.Zero = true

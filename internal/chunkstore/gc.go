@@ -140,6 +140,11 @@ func (s *Store) GC(ctx context.Context, roots Roots, grace time.Duration) (st GC
 	}
 	st.LiveManifests = len(keep) + len(late)
 
+	// A new epoch before anything goes: every store's known set is void.
+	if err := s.b.Put(held, epochKey, []byte(randomHex(16))); err != nil {
+		return st, fmt.Errorf("writing the collection epoch: %w", err)
+	}
+
 	// Manifests first: a collection cut short leaves chunks no manifest
 	// names, never a manifest that names a missing chunk.
 	var freed atomic.Int64

@@ -93,7 +93,7 @@ func TestChunkingIsStable(t *testing.T) {
 		data[i] = byte(r.Uint32())
 	}
 	var sizes []int
-	if err := DefaultChunking.split(bytes.NewReader(data), func(off int64, b []byte) error { sizes = append(sizes, len(b)); return nil }); err != nil {
+	if err := DefaultChunking.Split(bytes.NewReader(data), func(off int64, b []byte) error { sizes = append(sizes, len(b)); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	var h []byte

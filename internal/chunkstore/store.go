@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
@@ -49,6 +50,54 @@ type Store struct {
 	chunking Chunking
 	parallel int
 	progress func(Progress)
+
+	// Chunks this store saw in the backend (found or uploaded) since the
+	// last collection, known by the collection epoch it read: exports skip
+	// asking for them. Any GC changes the epoch (before it deletes), and
+	// exports read it holding the store lock, so a set of a past epoch is
+	// never trusted.
+	knownMu    sync.Mutex
+	known      map[Hash]struct{}
+	knownEpoch string
+}
+
+// maxKnown bounds the known set (32 bytes a chunk and the map's overhead):
+// past it, the set starts afresh.
+const maxKnown = 1 << 20
+
+// epochKey is the object a collection rewrites before it deletes anything.
+const epochKey = "gc/epoch"
+
+// knownSince returns which of hashes are known present, after reading the
+// collection epoch (the caller holds the store lock shared).
+func (s *Store) knownSince(ctx context.Context, hashes []Hash) ([]bool, error) {
+	epoch, err := s.b.Get(ctx, epochKey)
+	if err != nil && !isNotFound(err) {
+		return nil, fmt.Errorf("reading the collection epoch: %w", err)
+	}
+	s.knownMu.Lock()
+	defer s.knownMu.Unlock()
+	if string(epoch) != s.knownEpoch || len(s.known) > maxKnown {
+		s.known, s.knownEpoch = make(map[Hash]struct{}), string(epoch)
+	}
+	out := make([]bool, len(hashes))
+	for i, h := range hashes {
+		_, out[i] = s.known[h]
+	}
+	return out, nil
+}
+
+// remember adds hashes seen in the backend to the known set, if the epoch
+// is still the one they were seen in.
+func (s *Store) remember(epoch string, hashes []Hash) {
+	s.knownMu.Lock()
+	defer s.knownMu.Unlock()
+	if epoch != s.knownEpoch || s.known == nil {
+		return
+	}
+	for _, h := range hashes {
+		s.known[h] = struct{}{}
+	}
 }
 
 // Open opens the store a URL names: file:///abs/dir or s3://bucket/prefix.

@@ -25,9 +25,16 @@ type Image struct {
 	ZeroRun int
 }
 
+// TB is the part of testing.TB that Write needs (benchmarks pass their
+// own).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+}
+
 // Write creates the image in dir (which must not exist): checkpoint.img
 // (random, 64 KiB), pages_meta.img (small), pages.img, and an empty file.
-func (im Image) Write(t testing.TB, dir string) {
+func (im Image) Write(t TB, dir string) {
 	t.Helper()
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)

@@ -49,32 +49,53 @@ func VersityGW() (string, error) {
 // StartS3 starts a server for t and stops it when t ends.
 func StartS3(t testing.TB) *S3Server {
 	t.Helper()
-	bin, err := VersityGW()
+	s, err := NewS3Server(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	if err := os.Mkdir(filepath.Join(dir, "data"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	log, err := os.Create(filepath.Join(dir, "versitygw.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &S3Server{bin: bin, dir: filepath.Join(dir, "data"), addr: freeAddr(t), access: "cellfork-test", secret: "cellfork-test-secret", log: log}
 	t.Cleanup(func() {
-		s.Stop()
-		log.Close()
+		s.Close()
 		if t.Failed() {
-			if b, err := os.ReadFile(log.Name()); err == nil && len(b) > 0 {
+			if b, err := os.ReadFile(s.log.Name()); err == nil && len(b) > 0 {
 				t.Logf("versitygw log (tail):\n%s", tail(string(b), 2000))
 			}
 		}
 	})
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
 	return s
+}
+
+// NewS3Server starts a server keeping its data and log in dir. Close
+// stops it.
+func NewS3Server(dir string) (*S3Server, error) {
+	bin, err := VersityGW()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o700); err != nil {
+		return nil, err
+	}
+	log, err := os.Create(filepath.Join(dir, "versitygw.log"))
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := l.Addr().String()
+	l.Close()
+	s := &S3Server{bin: bin, dir: filepath.Join(dir, "data"), addr: addr, access: "cellfork-test", secret: "cellfork-test-secret", log: log}
+	if err := s.Start(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close stops the server for good.
+func (s *S3Server) Close() {
+	s.Stop()
+	s.log.Close()
 }
 
 func tail(s string, n int) string {
@@ -82,15 +103,6 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
-}
-
-func freeAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // Endpoint is the server's URL.
@@ -142,15 +154,24 @@ func (s *S3Server) Stop() {
 // NewBucket creates a bucket with a fresh name and returns it.
 func (s *S3Server) NewBucket(t testing.TB) string {
 	t.Helper()
-	c, err := minio.New(s.addr, &minio.Options{Creds: credentials.NewStaticV4(s.access, s.secret, ""), BucketLookup: minio.BucketLookupPath})
+	name, err := s.MakeBucket()
 	if err != nil {
 		t.Fatal(err)
+	}
+	return name
+}
+
+// MakeBucket creates a bucket with a fresh name and returns it.
+func (s *S3Server) MakeBucket() (string, error) {
+	c, err := minio.New(s.addr, &minio.Options{Creds: credentials.NewStaticV4(s.access, s.secret, ""), BucketLookup: minio.BucketLookupPath})
+	if err != nil {
+		return "", err
 	}
 	name := "t-" + strings.ToLower(fmt.Sprintf("%x", time.Now().UnixNano()))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := c.MakeBucket(ctx, name, minio.MakeBucketOptions{}); err != nil {
-		t.Fatalf("creating bucket %s: %v", name, err)
+		return "", fmt.Errorf("creating bucket %s: %w", name, err)
 	}
-	return name
+	return name, nil
 }

@@ -541,6 +541,18 @@ func testGC(t *testing.T, b chunkstore.Backend) {
 	if n, _ := count(t, b, "manifests/"); n != 0 {
 		t.Fatalf("%d manifests left with none live", n)
 	}
+	// The store knew those chunks were there: after a collection it must
+	// not trust that.
+	again, err := s.Export(ctx(t), filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Transferred != again.Distinct {
+		t.Fatalf("export after a collection emptied the store: %s", &again)
+	}
+	if _, err := s.Import(ctx(t), again.Root, filepath.Join(dir, "out-again")); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // hooked calls onList before listing prefix, once.
