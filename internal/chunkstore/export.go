@@ -91,6 +91,7 @@ func (s *Store) Export(ctx context.Context, dir string, meta map[string]string) 
 			keys = append(keys, ChunkKey(h))
 		}
 	}
+	st.Asked = len(ask)
 	found, err := s.b.Has(held, keys)
 	if err != nil {
 		return st, fmt.Errorf("checking which chunks are stored: %w", err)

@@ -77,7 +77,7 @@ func (s *Store) knownSince(ctx context.Context, hashes []Hash) ([]bool, error) {
 	}
 	s.knownMu.Lock()
 	defer s.knownMu.Unlock()
-	if string(epoch) != s.knownEpoch || len(s.known) > maxKnown {
+	if s.known == nil || string(epoch) != s.knownEpoch || len(s.known) > maxKnown {
 		s.known, s.knownEpoch = make(map[Hash]struct{}), string(epoch)
 	}
 	out := make([]bool, len(hashes))
@@ -163,6 +163,9 @@ type Stats struct {
 	// Export: distinct chunks the store already had. Import: distinct
 	// chunks found (and verified) in the cache.
 	Present int
+	// Export: distinct chunks whose presence it asked the store about (the
+	// others it had seen there since the last collection).
+	Asked int
 	// Chunks uploaded (export) or downloaded (import), and their bytes.
 	Transferred      int
 	TransferredBytes int64

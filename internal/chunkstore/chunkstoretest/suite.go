@@ -306,6 +306,9 @@ func testDedup(t *testing.T, b chunkstore.Backend) {
 	if again.Root != first.Root || again.Transferred != 0 || again.Present != first.Distinct {
 		t.Fatalf("second export of the same image: %s (first %s)", &again, &first)
 	}
+	if again.Asked != 0 {
+		t.Fatalf("the second export asked the store about %d chunks it had just uploaded", again.Asked)
+	}
 	other, err := s.Export(ctx(t), filepath.Join(dir, "a2"), nil)
 	if err != nil {
 		t.Fatal(err)
