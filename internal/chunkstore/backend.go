@@ -97,7 +97,7 @@ func (r Retry) do(ctx context.Context, op func() error) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("%w (retrying after: %v)", ctx.Err(), err)
+			return fmt.Errorf("%w (retrying after: %w)", ctx.Err(), err)
 		case <-t.C:
 		}
 	}

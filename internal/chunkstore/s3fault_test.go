@@ -47,7 +47,7 @@ func (b *trap) Get(ctx context.Context, key string) ([]byte, error) {
 }
 
 // bigImage has a few hundred chunks: enough to stop the store in the middle.
-var bigImage = chunkstoretest.Image{Seed: 11, Pool: 12, Pages: 2500}
+var bigImage = chunkstoretest.Image{Seed: 11, Pool: 12, Pages: 1500}
 
 func s3Store(t *testing.T, srv *chunkstoretest.S3Server, bucket string, wrap func(chunkstore.Backend) chunkstore.Backend, retry chunkstore.Retry, cached bool) *chunkstore.Store {
 	t.Helper()
@@ -196,7 +196,9 @@ func TestS3DownMidDownload(t *testing.T) {
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
 		t.Fatalf("a failed import left %v", ents)
 	}
-	if _, err := chunkstore.OpenS3(context.Background(), bucket, "p", srv.Config()); !errors.Is(err, errdefs.ErrUnavailable) {
+	short, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := chunkstore.OpenS3(short, bucket, "p", srv.Config()); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("opening a store that is down: %v, want ErrUnavailable", err)
 	}
 	if err := srv.Start(); err != nil {
