@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Cache is a host-local copy of chunks and manifests, keyed as in the store
@@ -141,6 +143,41 @@ func (c *Cache) read(key string, buf []byte) ([]byte, bool) {
 		return nil, false
 	}
 	return buf[:n], true
+}
+
+// readInto fills dst with the cached object's first len(dst) bytes and
+// reports true, or false if it is not cached, with bad set if it was but
+// could not be read whole (then it is dropped). The caller verifies the
+// bytes. Raw system calls: no poller registration, one read for most
+// chunks.
+func (c *Cache) readInto(key string, dst []byte) (ok, bad bool) {
+	c.mu.Lock()
+	el, ok := c.index[key]
+	if ok {
+		c.lru.MoveToFront(el)
+	}
+	c.mu.Unlock()
+	if !ok {
+		return false, false
+	}
+	fd, err := unix.Open(c.path(key), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		c.remove(key)
+		return false, true
+	}
+	defer unix.Close(fd)
+	for done := 0; done < len(dst); {
+		n, err := unix.Pread(fd, dst[done:], int64(done))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n == 0 {
+			c.remove(key)
+			return false, true
+		}
+		done += n
+	}
+	return true, false
 }
 
 // put stores data under key (a no-op if it is cached) and evicts what is

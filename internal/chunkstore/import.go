@@ -16,19 +16,14 @@ import (
 	"github.com/cellfork/cellfork/internal/timing"
 )
 
-// at is one place a chunk goes in an image.
-type at struct {
-	file int
-	off  int64
-}
-
 // Import rebuilds the image the manifest root names into dir, which must
 // not exist (its parent must): byte for byte, zero chunks left as holes.
 // Chunks come from the cache when it holds them, else from the store
 // (s.parallel at a time, then kept in the cache); every one is verified
 // first. The image is assembled beside dir and renamed into place, so dir
 // appears whole or not at all (it is not synced: after a crash, import
-// again). Phases: import.manifest, import.chunks (fetch, verify, write),
+// again). Phases: import.manifest, import.fetch (the chunks the cache
+// lacks, into the cache), import.assemble (read, verify, write),
 // import.finish.
 func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, err error) {
 	t0 := time.Now()
@@ -72,12 +67,11 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 			}
 		}
 	}()
-	// Where each distinct chunk goes, in first-use order (so the writes
-	// of each worker run mostly forward through the files).
-	places := make(map[Hash][]at)
+	// The image as runs of consecutive stored chunks (up to runBytes), each
+	// assembled in one buffer and written with one call.
+	var runs []run
+	distinct := make(map[Hash]int) // size
 	var order []Hash
-	sizes := make(map[Hash]int)
-	var total int64
 	for i, mf := range m.Files {
 		f, err := os.OpenFile(filepath.Join(tmp, mf.Name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 		if err != nil {
@@ -88,71 +82,129 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 			return st, err
 		}
 		var off int64
+		var cur *run
 		for _, c := range mf.Chunks {
 			st.Chunks++
 			if c.Zero {
 				st.ZeroChunks++
-			} else {
-				if _, ok := places[c.Hash]; !ok {
-					order = append(order, c.Hash)
-					sizes[c.Hash] = c.Size
-					total += int64(c.Size)
-				}
-				places[c.Hash] = append(places[c.Hash], at{i, off})
+				cur = nil
+				off += int64(c.Size)
+				continue
 			}
+			if _, ok := distinct[c.Hash]; !ok {
+				distinct[c.Hash] = c.Size
+				order = append(order, c.Hash)
+			}
+			if cur == nil || cur.bytes+c.Size > runBytes {
+				runs = append(runs, run{file: i, off: off})
+				cur = &runs[len(runs)-1]
+			}
+			cur.chunks = append(cur.chunks, c)
+			cur.bytes += c.Size
 			off += int64(c.Size)
 		}
 	}
 	st.Files, st.Bytes, st.Distinct = len(m.Files), m.Bytes(), len(order)
 
-	var hits, fetched, corrupt atomic.Int64
-	var fetchedBytes, done atomic.Int64
-	bufs := sync.Pool{New: func() any { b := make([]byte, 0, 256<<10); return &b }}
+	// Fetch what the cache lacks (each distinct chunk once), verified, into
+	// the cache; then assemble every run from the cache. Without a cache,
+	// runs read the store directly.
+	var fetched, corrupt atomic.Int64
+	var fetchedBytes atomic.Int64
+	if s.cache != nil {
+		var missing []Hash
+		var total int64
+		for _, h := range order {
+			if !s.cache.has(ChunkKey(h)) {
+				missing = append(missing, h)
+				total += int64(distinct[h])
+			}
+		}
+		st.Present = len(order) - len(missing)
+		var done atomic.Int64
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(s.parallel)
+		for _, h := range missing {
+			if gctx.Err() != nil {
+				break
+			}
+			g.Go(func() error {
+				data, err := s.fetch(gctx, h, distinct[h])
+				if err != nil {
+					return err
+				}
+				s.cache.put(ChunkKey(h), data)
+				fetched.Add(1)
+				fetchedBytes.Add(int64(len(data)))
+				s.report("import", "fetch", done.Add(int64(len(data))), total)
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			st.Transferred, st.TransferredBytes = int(fetched.Load()), fetchedBytes.Load()
+			return st, err
+		}
+		if err := ctx.Err(); err != nil {
+			return st, err
+		}
+		phase("import.fetch", tc)
+	}
+	ta := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(s.parallel)
-	for _, h := range order {
+	for _, r := range runs {
 		if gctx.Err() != nil {
 			break
 		}
 		g.Go(func() error {
-			bp := bufs.Get().(*[]byte)
-			defer bufs.Put(bp)
-			data, src, err := s.chunk(gctx, h, sizes[h], *bp)
-			if err != nil {
-				return err
+			bp := runBufs.Get().(*[]byte)
+			defer runBufs.Put(bp)
+			if cap(*bp) < r.bytes {
+				*bp = make([]byte, r.bytes) // one chunk larger than a run
 			}
-			if cap(data) > cap(*bp) {
-				*bp = data[:0]
-			}
-			switch src {
-			case fromCache:
-				hits.Add(1)
-			case fromCacheCorrupt:
-				corrupt.Add(1)
-				fallthrough
-			case fromStore:
+			buf := (*bp)[:r.bytes]
+			pos := 0
+			for _, c := range r.chunks {
+				dst := buf[pos : pos+c.Size]
+				pos += c.Size
+				if s.cache != nil {
+					hit, bad := s.cache.readInto(ChunkKey(c.Hash), dst)
+					if hit && Sum(dst) == c.Hash {
+						continue
+					}
+					if hit {
+						s.cache.remove(ChunkKey(c.Hash))
+					}
+					if hit || bad {
+						corrupt.Add(1)
+					}
+				}
+				data, err := s.fetch(gctx, c.Hash, c.Size)
+				if err != nil {
+					return err
+				}
+				copy(dst, data)
 				fetched.Add(1)
 				fetchedBytes.Add(int64(len(data)))
-			}
-			for _, p := range places[h] {
-				if _, err := files[p.file].WriteAt(data, p.off); err != nil {
-					return fmt.Errorf("writing %s: %w", m.Files[p.file].Name, err)
+				if s.cache != nil {
+					s.cache.put(ChunkKey(c.Hash), data)
 				}
 			}
-			s.report("import", "fetch", done.Add(int64(len(data))), total)
+			if _, err := files[r.file].WriteAt(buf, r.off); err != nil {
+				return fmt.Errorf("writing %s: %w", m.Files[r.file].Name, err)
+			}
 			return nil
 		})
 	}
 	err = g.Wait()
-	st.Present, st.Transferred, st.TransferredBytes, st.CacheCorrupt =
-		int(hits.Load()), int(fetched.Load()), fetchedBytes.Load(), int(corrupt.Load())
+	st.Transferred, st.TransferredBytes, st.CacheCorrupt = int(fetched.Load()), fetchedBytes.Load(), int(corrupt.Load())
 	if err == nil {
 		err = ctx.Err()
 	}
 	if err != nil {
 		return st, err
 	}
-	phase("import.chunks", tc)
+	phase("import.assemble", ta)
 
 	tf := time.Now()
 	for i, f := range files {
@@ -175,42 +227,33 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 	return st, nil
 }
 
-type source int
+// runBytes is the most an import assembles before one write.
+const runBytes = 1 << 20
 
-const (
-	fromCache source = iota
-	fromStore
-	fromCacheCorrupt // the cache's copy was bad; this one is the store's
-)
+// runBufs keeps run buffers across imports (fresh ones cost a page fault
+// per 4 KiB).
+var runBufs = sync.Pool{New: func() any { b := make([]byte, runBytes); return &b }}
 
-// chunk returns the verified bytes of chunk h (in buf if it fits), from
-// the cache, else from the store (then cached). A chunk that fails
-// verification in the store is ErrCorrupt; one that fails in the cache is
-// dropped from it and read from the store.
-func (s *Store) chunk(ctx context.Context, h Hash, size int, buf []byte) ([]byte, source, error) {
-	key := ChunkKey(h)
-	src := fromStore
-	if s.cache != nil {
-		if data, ok := s.cache.read(key, buf); ok {
-			if len(data) == size && Sum(data) == h {
-				return data, fromCache, nil
-			}
-			s.cache.remove(key)
-			src = fromCacheCorrupt
-		}
-	}
-	data, err := s.b.Get(ctx, key)
+// run is consecutive stored chunks of one file, from off.
+type run struct {
+	file   int
+	off    int64
+	bytes  int
+	chunks []Chunk
+}
+
+// fetch reads chunk h from the store and verifies it: a chunk that does
+// not hash to its name, or is not size bytes, is ErrCorrupt.
+func (s *Store) fetch(ctx context.Context, h Hash, size int) ([]byte, error) {
+	data, err := s.b.Get(ctx, ChunkKey(h))
 	if err != nil {
-		return nil, src, fmt.Errorf("reading chunk %s: %w", h, err)
+		return nil, fmt.Errorf("reading chunk %s: %w", h, err)
 	}
 	if err := verify("chunk", h, data); err != nil {
-		return nil, src, err
+		return nil, err
 	}
 	if len(data) != size {
-		return nil, src, fmt.Errorf("chunk %s: %d bytes, the manifest says %d: %w", h, len(data), size, errdefs.ErrCorrupt)
+		return nil, fmt.Errorf("chunk %s: %d bytes, the manifest says %d: %w", h, len(data), size, errdefs.ErrCorrupt)
 	}
-	if s.cache != nil {
-		s.cache.put(key, data)
-	}
-	return data, src, nil
+	return data, nil
 }
