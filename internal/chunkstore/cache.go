@@ -17,7 +17,9 @@ import (
 )
 
 // Cache is a host-local copy of chunks and manifests, keyed as in the store
-// (so shared by every image on the host), within a size budget: the least
+// (so shared by every image on the host), and, with Options.LinkFiles,
+// whole image files that imports assembled (files/<hash of the file's
+// size, mode and chunk list>), within a size budget: the least
 // recently used objects go first. It is crash-safe: an object is written to
 // a temporary file and renamed, and OpenCache rebuilds the index by
 // scanning the directory (oldest files first out). Its contents are
@@ -54,7 +56,7 @@ func OpenCache(dir string, budget int64) (*Cache, error) {
 	if err := os.RemoveAll(filepath.Join(dir, "tmp")); err != nil {
 		return nil, fmt.Errorf("opening chunk cache: %w", err)
 	}
-	for _, d := range []string{"chunks", "manifests", "tmp"} {
+	for _, d := range []string{"chunks", "manifests", "files", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("opening chunk cache: %w", err)
 		}
@@ -64,7 +66,7 @@ func OpenCache(dir string, budget int64) (*Cache, error) {
 		mod time.Time
 	}
 	var all []found
-	for _, d := range []string{"chunks", "manifests"} {
+	for _, d := range []string{"chunks", "manifests", "files"} {
 		err := filepath.WalkDir(filepath.Join(dir, d), func(p string, e fs.DirEntry, err error) error {
 			if err != nil || e.IsDir() {
 				return err
@@ -178,6 +180,57 @@ func (c *Cache) readInto(key string, dst []byte) (ok, bad bool) {
 		done += n
 	}
 	return true, false
+}
+
+// link hard-links the cached whole file key to dst, or reports false.
+func (c *Cache) link(key, dst string) bool {
+	c.mu.Lock()
+	el, ok := c.index[key]
+	if ok {
+		c.lru.MoveToFront(el)
+	}
+	c.mu.Unlock()
+	if !ok {
+		return false
+	}
+	if err := os.Link(c.path(key), dst); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			c.remove(key)
+		}
+		return false
+	}
+	return true
+}
+
+// adopt makes the file at src (finished, never written again) the cached
+// whole file key, by a hard link: no copy. A file on another filesystem
+// is not adopted.
+func (c *Cache) adopt(key, src string, size int64) {
+	if c.has(key) || size > c.budget {
+		return
+	}
+	tmp := filepath.Join(c.dir, "tmp", randomHex(8))
+	if err := os.Link(src, tmp); err != nil {
+		return
+	}
+	p := c.path(key)
+	err := os.Rename(tmp, p)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err = os.MkdirAll(filepath.Dir(p), 0o700); err == nil {
+			err = os.Rename(tmp, p)
+		}
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return
+	}
+	c.mu.Lock()
+	if _, ok := c.index[key]; !ok {
+		c.index[key] = c.lru.PushFront(&cacheEntry{key, size})
+		c.used += size
+	}
+	c.mu.Unlock()
+	c.evict()
 }
 
 // put stores data under key (a no-op if it is cached) and evicts what is

@@ -72,7 +72,17 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 	var runs []run
 	distinct := make(map[Hash]int) // size
 	var order []Hash
+	fileKeys := make([]string, len(m.Files))
 	for i, mf := range m.Files {
+		if s.link && mf.Size >= linkMin {
+			fileKeys[i] = fileKey(mf)
+			if s.cache.link(fileKeys[i], filepath.Join(tmp, mf.Name)) {
+				st.LinkedFiles++
+				st.Chunks += len(mf.Chunks)
+				fileKeys[i] = "" // nothing to adopt
+				continue
+			}
+		}
 		f, err := os.OpenFile(filepath.Join(tmp, mf.Name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 		if err != nil {
 			return st, err
@@ -208,6 +218,9 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 
 	tf := time.Now()
 	for i, f := range files {
+		if f == nil {
+			continue // linked
+		}
 		if err := f.Chmod(m.Files[i].Mode); err != nil {
 			return st, err
 		}
@@ -223,8 +236,21 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 		}
 		return st, err
 	}
+	for i, k := range fileKeys {
+		if k != "" {
+			s.cache.adopt(k, filepath.Join(dir, m.Files[i].Name), m.Files[i].Size)
+		}
+	}
 	phase("import.finish", tf)
 	return st, nil
+}
+
+// linkMin is the smallest file Options.LinkFiles keeps whole.
+const linkMin = 1 << 20
+
+// fileKey names a whole file in the cache by its size, mode and chunks.
+func fileKey(f File) string {
+	return "files/" + Sum([]byte(fmt.Sprintf("%d %o %s", f.Size, f.Mode, encodeChunks(f.Chunks)))).String()
 }
 
 // runBytes is the most an import assembles before one write.

@@ -40,9 +40,13 @@ func BenchmarkImportFromCache(b *testing.B) {
 		b.Fatal(err)
 	}
 	i := 0
-	for _, par := range []int{2, 4, 16} {
-		b.Run(fmt.Sprint("parallel-", par), func(b *testing.B) {
-			s, err := chunkstore.New(store, chunkstore.Options{Cache: cache, Parallel: par})
+	for _, par := range []int{2, 4, 16, -1} {
+		name := fmt.Sprint("parallel-", par)
+		if par < 0 {
+			name = "linked" // whole files hard-linked from the cache
+		}
+		b.Run(name, func(b *testing.B) {
+			s, err := chunkstore.New(store, chunkstore.Options{Cache: cache, Parallel: max(par, 16), LinkFiles: par < 0})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -31,6 +31,13 @@ type Options struct {
 	Progress func(Progress)
 	// S3 configures s3:// URLs; see S3Config.
 	S3 S3Config
+	// LinkFiles keeps each file an import assembles (of 1 MiB or more) in
+	// the cache as a hard link, and imports of a file the cache holds
+	// whole hard-link it instead of assembling it: no copy and no hashing,
+	// so it trusts that file as verified when it was assembled. Image
+	// files must then never be written after an import (runsc opens them
+	// read-only), and the cache must be on the images' filesystem.
+	LinkFiles bool
 }
 
 // Progress is how far one Export or Import is.
@@ -50,6 +57,7 @@ type Store struct {
 	chunking Chunking
 	parallel int
 	progress func(Progress)
+	link     bool
 
 	// Chunks this store saw in the backend (found or uploaded) since the
 	// last collection, known by the collection epoch it read: exports skip
@@ -126,7 +134,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 
 // New returns a Store over b.
 func New(b Backend, opts Options) (*Store, error) {
-	s := &Store{b: b, locker: opts.Locker, cache: opts.Cache, chunking: opts.Chunking, parallel: opts.Parallel, progress: opts.Progress}
+	s := &Store{b: b, locker: opts.Locker, cache: opts.Cache, chunking: opts.Chunking, parallel: opts.Parallel, progress: opts.Progress, link: opts.LinkFiles && opts.Cache != nil}
 	if s.chunking == (Chunking{}) {
 		s.chunking = DefaultChunking
 	}
@@ -171,8 +179,10 @@ type Stats struct {
 	TransferredBytes int64
 	// Import: cached chunks that failed verification (dropped, refetched).
 	CacheCorrupt int
-	Phases       []Phase
-	Duration     time.Duration
+	// Import: files hard-linked whole from the cache (Options.LinkFiles).
+	LinkedFiles int
+	Phases      []Phase
+	Duration    time.Duration
 }
 
 // Phase is one step's duration, as also recorded on the context's

@@ -29,6 +29,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) chunkstore.Backend) {
 	t.Run("CorruptInStore", func(t *testing.T) { testCorruptInStore(t, newBackend(t)) })
 	t.Run("CorruptInCache", func(t *testing.T) { testCorruptInCache(t, newBackend(t)) })
 	t.Run("Cancelled", func(t *testing.T) { testCancelled(t, newBackend(t)) })
+	t.Run("LinkFiles", func(t *testing.T) { testLinkFiles(t, newBackend(t)) })
 	t.Run("GC", func(t *testing.T) { testGC(t, newBackend(t)) })
 	t.Run("GCAgainstExport", func(t *testing.T) { testGCAgainstExport(t, newBackend(t)) })
 }
@@ -616,4 +617,53 @@ func testGCAgainstExport(t *testing.T, b chunkstore.Backend) {
 		t.Fatalf("the export's image after gc: %v", err)
 	}
 	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "out"))
+}
+
+// testLinkFiles: with Options.LinkFiles, a second import of the same image
+// hard-links its large files from the cache instead of writing them.
+func testLinkFiles(t *testing.T, b chunkstore.Backend) {
+	dir := t.TempDir()
+	cache, err := chunkstore.OpenCache(filepath.Join(dir, "cache"), 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := chunkstore.New(b, chunkstore.Options{Cache: cache, LinkFiles: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	imgA.Write(t, filepath.Join(dir, "a"))
+	st, err := s.Export(ctx(t), filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.Import(ctx(t), st.Root, filepath.Join(dir, "one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := s.Import(ctx(t), st.Root, filepath.Join(dir, "two"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.LinkedFiles != 0 || second.LinkedFiles != 1 {
+		t.Fatalf("linked files: first import %d, second %d; want 0, then 1 (pages.img)", first.LinkedFiles, second.LinkedFiles)
+	}
+	equalBoth(t, dir)
+	a, _ := os.Stat(filepath.Join(dir, "one", "pages.img"))
+	c, _ := os.Stat(filepath.Join(dir, "two", "pages.img"))
+	if !os.SameFile(a, c) {
+		t.Fatal("the second import's pages.img is not a link to the first's")
+	}
+	// The first image going away leaves the second, and the cache's link.
+	os.RemoveAll(filepath.Join(dir, "one"))
+	third, err := s.Import(ctx(t), st.Root, filepath.Join(dir, "three"))
+	if err != nil || third.LinkedFiles != 1 {
+		t.Fatalf("third import: %v, %d linked", err, third.LinkedFiles)
+	}
+	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "three"))
+}
+
+func equalBoth(t *testing.T, dir string) {
+	t.Helper()
+	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "one"))
+	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "two"))
 }
