@@ -315,7 +315,14 @@ func stores(dir, small, tmp string, runs int) error {
 				name  string
 				store func() (*chunkstore.Store, error)
 			}
-			modes := []mode{{"host cache (warm)", func() (*chunkstore.Store, error) { return s, nil }}}
+			linked, err := chunkstore.New(b, chunkstore.Options{Cache: cache, LinkFiles: true})
+			if err != nil {
+				return err
+			}
+			modes := []mode{
+				{"host cache (warm)", func() (*chunkstore.Store, error) { return s, nil }},
+				{"host cache, LinkFiles (after one import)", func() (*chunkstore.Store, error) { return linked, nil }},
+			}
 			if kind == "s3" {
 				modes = append(modes, mode{"S3, cold cache", func() (*chunkstore.Store, error) {
 					c, err := chunkstore.OpenCache(fresh(), 8<<30)
