@@ -63,6 +63,11 @@ func run(dir string, runs int, only string) error {
 			return err
 		}
 	}
+	if strings.Contains(only, "requests") {
+		if err := requests(runs); err != nil {
+			return err
+		}
+	}
 	load, _ = os.ReadFile("/proc/loadavg")
 	fmt.Printf("\nload average at end: %s\n", strings.Join(strings.Fields(string(load))[:3], " "))
 	return nil
@@ -367,6 +372,70 @@ func stores(dir, small, tmp string, runs int) error {
 		}
 		cs := cache.Stats()
 		fmt.Printf("\nhost cache: %d objects, %.1f MB\n", cs.Objects, float64(cs.Bytes)/1e6)
+	}
+	return nil
+}
+
+// requests measures what 66 MB cost to GET from the S3 server as objects
+// of different sizes, 16 in flight: the case for pack files.
+func requests(runs int) error {
+	ctx := context.Background()
+	tmp, err := os.MkdirTemp("", "chunks-requests-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	srv, err := chunkstoretest.NewS3Server(filepath.Join(tmp, "s3"))
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	bucket, err := srv.MakeBucket()
+	if err != nil {
+		return err
+	}
+	b, err := chunkstore.OpenS3(ctx, bucket, "req", srv.Config())
+	if err != nil {
+		return err
+	}
+	const total = 66 << 20
+	fmt.Println("\n### GET 66 MB from S3 (versitygw, loopback) by object size, 16 in flight")
+	fmt.Println()
+	fmt.Println("| object size | objects | ms (median) | MB/s |")
+	fmt.Println("|---:|---:|---:|---:|")
+	for _, size := range []int{32 << 10, 256 << 10, 1 << 20, 4 << 20} {
+		n := total / size
+		data := make([]byte, size)
+		keys := make([]string, n)
+		for i := range keys {
+			data[0], data[1], data[2] = byte(i), byte(i>>8), byte(size>>10)
+			keys[i] = fmt.Sprintf("obj/%d/%d", size, i)
+			if err := b.Put(ctx, keys[i], data); err != nil {
+				return err
+			}
+		}
+		var ds []time.Duration
+		for range runs {
+			t := time.Now()
+			sem := make(chan struct{}, 16)
+			errs := make(chan error, n)
+			for _, k := range keys {
+				sem <- struct{}{}
+				go func() {
+					defer func() { <-sem }()
+					_, err := b.Get(ctx, k)
+					errs <- err
+				}()
+			}
+			for range keys {
+				if err := <-errs; err != nil {
+					return err
+				}
+			}
+			ds = append(ds, time.Since(t))
+		}
+		m := median(ds)
+		fmt.Printf("| %d KiB | %d | %s | %.0f |\n", size>>10, n, ms(m), float64(total)/1e6/m.Seconds())
 	}
 	return nil
 }
