@@ -53,8 +53,16 @@ func (s *Store) Export(ctx context.Context, dir string, meta map[string]string) 
 	tc := time.Now()
 	m := &Manifest{Chunking: s.chunking, Meta: meta}
 	locs := make(map[Hash]where)
+	pr := chunkProgress{}
+	for _, name := range names {
+		info, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			return st, err
+		}
+		pr.total += info.Size()
+	}
 	for i, name := range names {
-		f, err := s.chunkFile(ctx, filepath.Join(dir, name), name, i, locs, &st)
+		f, err := s.chunkFile(ctx, filepath.Join(dir, name), name, i, locs, &pr, &st)
 		if err != nil {
 			return st, err
 		}
@@ -162,9 +170,15 @@ func imageFiles(dir string) ([]string, error) {
 	return names, nil
 }
 
+// chunkProgress is how far export.chunk is over the whole image.
+type chunkProgress struct {
+	done  atomic.Int64
+	total int64 // the files' sizes when the export began
+}
+
 // chunkFile cuts one file into chunks and hashes them (on every CPU),
 // records where each new distinct chunk is, and fills the cache.
-func (s *Store) chunkFile(ctx context.Context, path, name string, fileIdx int, locs map[Hash]where, st *Stats) (File, error) {
+func (s *Store) chunkFile(ctx context.Context, path, name string, fileIdx int, locs map[Hash]where, pr *chunkProgress, st *Stats) (File, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return File{}, err
@@ -198,7 +212,6 @@ func (s *Store) chunkFile(ctx context.Context, path, name string, fileIdx int, l
 			return nil
 		})
 	}
-	var done atomic.Int64
 	offsets := []int64{}
 	splitErr := s.chunking.Split(f, func(off int64, data []byte) error {
 		c := Chunk{Size: len(data)}
@@ -214,7 +227,7 @@ func (s *Store) chunkFile(ctx context.Context, path, name string, fileIdx int, l
 		}
 		out.Chunks = append(out.Chunks, c)
 		offsets = append(offsets, off)
-		s.report("export", "chunk", done.Add(int64(len(data))), out.Size)
+		s.report("export", "chunk", min(pr.done.Add(int64(len(data))), pr.total), pr.total)
 		return nil
 	})
 	close(jobs)
