@@ -70,6 +70,7 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 	// The image as runs of consecutive stored chunks (up to runBytes), each
 	// assembled in one buffer and written with one call.
 	var runs []run
+	var runTotal int64             // the bytes runs write
 	distinct := make(map[Hash]int) // size
 	var order []Hash
 	fileKeys := make([]string, len(m.Files))
@@ -111,6 +112,7 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 			}
 			cur.chunks = append(cur.chunks, c)
 			cur.bytes += c.Size
+			runTotal += int64(c.Size)
 			off += int64(c.Size)
 		}
 	}
@@ -160,6 +162,7 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 		phase("import.fetch", tc)
 	}
 	ta := time.Now()
+	var written atomic.Int64
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(s.parallel)
 	for _, r := range runs {
@@ -203,6 +206,7 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 			if _, err := files[r.file].WriteAt(buf, r.off); err != nil {
 				return fmt.Errorf("writing %s: %w", m.Files[r.file].Name, err)
 			}
+			s.report("import", "assemble", written.Add(int64(len(buf))), runTotal)
 			return nil
 		})
 	}

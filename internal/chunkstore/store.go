@@ -40,12 +40,16 @@ type Options struct {
 	LinkFiles bool
 }
 
-// Progress is how far one Export or Import is.
+// Progress is how far one Export or Import is, in bytes of the phase over
+// the whole image: export "chunk" (the image's files), "upload" (the
+// chunks the store lacks); import "fetch" (the chunks the cache lacks;
+// with a cache only) and "assemble" (the stored chunks it writes: not zero
+// chunks, not linked files). Done never passes Total.
 type Progress struct {
 	Op    string // "export" or "import"
-	Phase string // "chunk", "upload" (export); "fetch" (import)
-	Done  int64  // bytes of the phase done
-	Total int64  // bytes of the phase in all
+	Phase string
+	Done  int64 // bytes of the phase done
+	Total int64 // bytes of the phase in all
 }
 
 // Store exports image directories into a Backend and imports them back.
