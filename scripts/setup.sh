@@ -37,6 +37,16 @@ if [ "$("$gobin/oapi-codegen" -version 2>/dev/null | tail -n 1)" != "$OAPI_CODEG
   go install "github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@$OAPI_CODEGEN_VERSION"
 fi
 
+# versitygw: the S3 server (S3 over a directory, Apache-2.0) the chunk
+# store's tests run against. Its --version says nothing of the module's
+# version, so a stamp file beside it does.
+VERSITYGW_VERSION=v1.8.0
+if [ "$(cat "$gobin/.versitygw.version" 2>/dev/null)" != "$VERSITYGW_VERSION" ] || [ ! -x "$gobin/versitygw" ]; then
+  step "building versitygw $VERSITYGW_VERSION (the chunk store's test S3 server; a few minutes, once)"
+  (cd /tmp && go install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION")
+  echo "$VERSITYGW_VERSION" > "$gobin/.versitygw.version"
+fi
+
 # runsc is built from its module's source with cellfork's patches
 # (patches/gvisor) and gVisor's seccomp filters precompiled
 # (internal/runtime/gvisor/seccompgen), as the official build ships them:

@@ -3,15 +3,18 @@
 //
 //   - placement: the decision against 1, 100, 1,000 and 10,000 hosts (rows
 //     in PostgreSQL, no sandboxes) and the reservation's round trip;
+//
 //   - the gateway's cost: a hot run_code and a 1 KB file read through the
 //     gateway and straight to the host, interleaved, and the database
 //     queries per data-plane request;
+//
 //   - creates through the gateway and straight to the host (pool hits),
 //     and creates per second through one gateway against three hosts;
+//
 //   - 10,000 idle keep-alive connections held by one gateway: its memory,
 //     and a hot run_code's latency meanwhile.
 //
-//	scripts/bench.sh --suite cluster   (go run ./bench/cluster)
+//     scripts/bench.sh --suite cluster   (go run ./bench/cluster)
 package main
 
 import (

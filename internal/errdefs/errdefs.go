@@ -19,6 +19,10 @@ var (
 	ErrUnauthenticated    = errors.New("unauthenticated")
 	ErrPermissionDenied   = errors.New("permission denied")
 	ErrLimitReached       = errors.New("limit reached") // a quota, not the machine's capacity
+	// ErrCorrupt: stored data failed its integrity check (a chunk or a
+	// manifest whose hash does not match its name). Terminal: a retry
+	// reads the same bytes.
+	ErrCorrupt = errors.New("corrupt data")
 )
 
 // userError carries a message meant for the API caller next to its class.

@@ -1,0 +1,669 @@
+package chunkstoretest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/chunkstore"
+	"github.com/cellfork/cellfork/internal/errdefs"
+)
+
+// Run runs the conformance suite: the Backend contract, then the Store over
+// it (export and import byte-exact, deduplication, corruption detected in
+// the store and in the cache, garbage collection, its lock). newBackend
+// returns a fresh, empty store each call.
+func Run(t *testing.T, newBackend func(t *testing.T) chunkstore.Backend) {
+	t.Run("Objects", func(t *testing.T) { testObjects(t, newBackend(t)) })
+	t.Run("Locks", func(t *testing.T) { testLocks(t, newBackend(t)) })
+	t.Run("RoundTrip", func(t *testing.T) { testRoundTrip(t, newBackend(t)) })
+	t.Run("Dedup", func(t *testing.T) { testDedup(t, newBackend(t)) })
+	t.Run("CorruptInStore", func(t *testing.T) { testCorruptInStore(t, newBackend(t)) })
+	t.Run("CorruptInCache", func(t *testing.T) { testCorruptInCache(t, newBackend(t)) })
+	t.Run("Cancelled", func(t *testing.T) { testCancelled(t, newBackend(t)) })
+	t.Run("LinkFiles", func(t *testing.T) { testLinkFiles(t, newBackend(t)) })
+	t.Run("GC", func(t *testing.T) { testGC(t, newBackend(t)) })
+	t.Run("GCAgainstExport", func(t *testing.T) { testGCAgainstExport(t, newBackend(t)) })
+}
+
+// Small images: a few hundred KiB each, so the suite stays quick.
+var (
+	imgA  = Image{Seed: 1, Pool: 7, Pages: 300, ZeroRun: 200}
+	imgA2 = Image{Seed: 2, Pool: 7, Pages: 310} // shares pages with imgA
+	imgB  = Image{Seed: 3, Pool: 9, Pages: 200} // shares nothing
+)
+
+// NewStore returns a Store over b with a cache in a temporary directory.
+func NewStore(t testing.TB, b chunkstore.Backend, cached bool) (*chunkstore.Store, *chunkstore.Cache) {
+	t.Helper()
+	var c *chunkstore.Cache
+	if cached {
+		var err error
+		if c, err = chunkstore.OpenCache(t.TempDir(), 1<<30); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := chunkstore.New(b, chunkstore.Options{Cache: c, Retry: chunkstore.Retry{Attempts: 2, Base: 10 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, c
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
+
+func testObjects(t *testing.T, b chunkstore.Backend) {
+	c := ctx(t)
+	if _, err := b.Get(c, "chunks/00/absent"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("get of an absent object: %v, want ErrNotFound", err)
+	}
+	if err := b.Delete(c, "chunks/00/absent"); err != nil {
+		t.Fatalf("delete of an absent object: %v", err)
+	}
+	objs := map[string][]byte{
+		"chunks/ab/one":  []byte("one"),
+		"chunks/cd/two":  bytes.Repeat([]byte{2}, 100<<10),
+		"manifests/root": []byte("{}"),
+		"chunks/ab/zero": {},
+	}
+	for k, v := range objs {
+		if err := b.Put(c, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Put(c, "chunks/ab/one", []byte("one, again")); err != nil {
+		t.Fatal(err)
+	}
+	objs["chunks/ab/one"] = []byte("one, again")
+	for k, v := range objs {
+		got, err := b.Get(c, k)
+		if err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("get %s: %d bytes, %v; want %d bytes", k, len(got), err, len(v))
+		}
+	}
+	found, err := b.Has(c, []string{"chunks/ab/one", "chunks/ab/nope", "manifests/root", "manifests/nope"})
+	if err != nil || !slices.Equal(found, []bool{true, false, true, false}) {
+		t.Fatalf("has: %v, %v", found, err)
+	}
+	if err := b.Flush(c); err != nil {
+		t.Fatal(err)
+	}
+	list := func(prefix string) map[string]int64 {
+		got := map[string]int64{}
+		err := b.List(c, prefix, func(o chunkstore.Object) error {
+			if o.Modified.IsZero() || time.Since(o.Modified) > time.Hour {
+				t.Errorf("%s: modified %v", o.Key, o.Modified)
+			}
+			got[o.Key] = o.Size
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := list("chunks/"); len(got) != 3 || got["chunks/cd/two"] != 100<<10 || got["chunks/ab/zero"] != 0 {
+		t.Fatalf("list chunks/: %v", got)
+	}
+	if got := list("chunks/ab/"); len(got) != 2 {
+		t.Fatalf("list chunks/ab/: %v", got)
+	}
+	if got := list("manifests/"); len(got) != 1 {
+		t.Fatalf("list manifests/: %v", got)
+	}
+	if got := list("nothing/"); len(got) != 0 {
+		t.Fatalf("list nothing/: %v", got)
+	}
+	stop := errors.New("stop")
+	if err := b.List(c, "chunks/", func(chunkstore.Object) error { return stop }); !errors.Is(err, stop) {
+		t.Fatalf("list stops at fn's error: %v", err)
+	}
+	if err := b.Delete(c, "chunks/ab/one"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Get(c, "chunks/ab/one"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("get after delete: %v", err)
+	}
+	if b.String() == "" {
+		t.Fatal("no name")
+	}
+}
+
+func testLocks(t *testing.T, b chunkstore.Backend) {
+	c := ctx(t)
+	short := func() context.Context {
+		s, cancel := context.WithTimeout(c, 300*time.Millisecond)
+		t.Cleanup(cancel)
+		return s
+	}
+	_, un1, err := b.Lock(c, chunkstore.LockStore, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, un2, err := b.Lock(short(), chunkstore.LockStore, false)
+	if err != nil {
+		t.Fatalf("two shared holders: %v", err)
+	}
+	if _, _, err := b.Lock(short(), chunkstore.LockStore, true); err == nil {
+		t.Fatal("exclusive lock taken while shared ones are held")
+	}
+	// Another name is another lock.
+	_, unGC, err := b.Lock(short(), chunkstore.LockGC, true)
+	if err != nil {
+		t.Fatalf("gc lock while the store lock is shared: %v", err)
+	}
+	if _, _, err := b.Lock(short(), chunkstore.LockGC, true); err == nil {
+		t.Fatal("two exclusive holders")
+	}
+	unGC()
+	un1()
+	un2()
+	held, unX, err := b.Lock(c, chunkstore.LockStore, true)
+	if err != nil {
+		t.Fatalf("exclusive after the shared ones left: %v", err)
+	}
+	if held.Err() != nil {
+		t.Fatal("held context done while the lock is held")
+	}
+	if _, _, err := b.Lock(short(), chunkstore.LockStore, false); err == nil {
+		t.Fatal("shared lock taken while an exclusive one is held")
+	}
+	// A waiter gets the lock once it is released.
+	got := make(chan error, 1)
+	go func() {
+		_, un, err := b.Lock(c, chunkstore.LockStore, false)
+		if err == nil {
+			un()
+		}
+		got <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	unX()
+	if held.Err() == nil {
+		t.Fatal("held context not cancelled by unlock")
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter never got the lock")
+	}
+}
+
+func testRoundTrip(t *testing.T, b chunkstore.Backend) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	imgA.Write(t, src)
+	meta := map[string]string{"template.artifact": "abc", "runsc": "v1"}
+	for _, cached := range []bool{false, true} {
+		s, _ := NewStore(t, b, cached)
+		st, err := s.Export(ctx(t), src, meta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Files != 4 || st.ZeroChunks == 0 || st.Distinct == 0 || st.Root.IsZero() {
+			t.Fatalf("export stats: %s", &st)
+		}
+		m, err := s.Manifest(ctx(t), st.Root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Meta["template.artifact"] != "abc" || len(m.Files) != 4 || m.Files[0].Name != "checkpoint.img" {
+			t.Fatalf("manifest: %+v", m)
+		}
+		out := filepath.Join(dir, "out"+map[bool]string{true: "-cached", false: ""}[cached])
+		ist, err := s.Import(ctx(t), st.Root, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		Equal(t, src, out)
+		if ist.Bytes != st.Bytes || ist.Distinct != st.Distinct || ist.ZeroChunks != st.ZeroChunks {
+			t.Fatalf("import %s, export %s", &ist, &st)
+		}
+		// Zero chunks are holes (up to a block lost at each end).
+		pages := filepath.Join(out, "pages.img")
+		info, _ := os.Stat(pages)
+		var zeros int64
+		for _, c := range m.Files[2].Chunks {
+			if c.Zero {
+				zeros += int64(c.Size)
+			}
+		}
+		if a := Allocated(t, pages); zeros < 4*4096 || a > info.Size()-zeros+2*4096 {
+			t.Fatalf("pages.img: %d bytes allocated of %d, %d in zero chunks, want those left as holes", a, info.Size(), zeros)
+		}
+		if cached {
+			// A second import reads only the cache.
+			ist, err := s.Import(ctx(t), st.Root, out+"-again")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ist.Transferred != 0 || ist.Present != ist.Distinct {
+				t.Fatalf("import from a warm cache fetched: %s", &ist)
+			}
+			Equal(t, src, out+"-again")
+		}
+		if _, err := s.Import(ctx(t), st.Root, out); !errors.Is(err, errdefs.ErrAlreadyExists) {
+			t.Fatalf("import over an existing directory: %v", err)
+		}
+	}
+	s, _ := NewStore(t, b, false)
+	var absent chunkstore.Hash
+	absent[0] = 1
+	if _, err := s.Import(ctx(t), absent, filepath.Join(dir, "absent")); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("import of an absent manifest: %v", err)
+	}
+	if _, err := s.Export(ctx(t), filepath.Join(dir, "nope"), nil); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("export of a missing directory: %v", err)
+	}
+	noLeftovers(t, dir, "src", "out", "out-cached", "out-cached-again")
+}
+
+// noLeftovers fails unless dir holds exactly the names given.
+func noLeftovers(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	ents, _ := os.ReadDir(dir)
+	var got []string
+	for _, e := range ents {
+		got = append(got, e.Name())
+	}
+	slices.Sort(got)
+	slices.Sort(names)
+	if !slices.Equal(got, names) {
+		t.Fatalf("%s holds %v, want %v", dir, got, names)
+	}
+}
+
+func testDedup(t *testing.T, b chunkstore.Backend) {
+	dir := t.TempDir()
+	s, _ := NewStore(t, b, true)
+	imgA.Write(t, filepath.Join(dir, "a"))
+	imgA2.Write(t, filepath.Join(dir, "a2"))
+	first, err := s.Export(ctx(t), filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Present != 0 || first.Transferred != first.Distinct {
+		t.Fatalf("first export into an empty store: %s", &first)
+	}
+	again, err := s.Export(ctx(t), filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Root != first.Root || again.Transferred != 0 || again.Present != first.Distinct {
+		t.Fatalf("second export of the same image: %s (first %s)", &again, &first)
+	}
+	if again.Asked != 0 {
+		t.Fatalf("the second export asked the store about %d chunks it had just uploaded", again.Asked)
+	}
+	other, err := s.Export(ctx(t), filepath.Join(dir, "a2"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.Root == first.Root || other.Present == 0 {
+		t.Fatalf("an image sharing pages shares no chunks: %s", &other)
+	}
+	// The same bytes with other metadata: another manifest, no chunk.
+	meta, err := s.Export(ctx(t), filepath.Join(dir, "a"), map[string]string{"k": "v"})
+	if err != nil || meta.Root == first.Root || meta.Transferred != 0 {
+		t.Fatalf("export with metadata: %s, %v", &meta, err)
+	}
+	// Concurrent exports of one image agree.
+	var wg sync.WaitGroup
+	roots := make([]chunkstore.Hash, 3)
+	for i := range roots {
+		wg.Go(func() {
+			st, err := s.Export(ctx(t), filepath.Join(dir, "a2"), nil)
+			if err != nil {
+				t.Error(err)
+			}
+			roots[i] = st.Root
+		})
+	}
+	wg.Wait()
+	for _, r := range roots {
+		if r != other.Root {
+			t.Fatalf("concurrent exports: roots %v, want %s", roots, other.Root)
+		}
+	}
+}
+
+func testCorruptInStore(t *testing.T, b chunkstore.Backend) {
+	dir := t.TempDir()
+	s, _ := NewStore(t, b, true)
+	imgA.Write(t, filepath.Join(dir, "a"))
+	st, err := s.Export(ctx(t), filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.Manifest(ctx(t), st.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := m.Files[2].Chunks[1].Hash // pages.img
+	good, err := b.Get(ctx(t), chunkstore.ChunkKey(victim))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := slices.Clone(good)
+	bad[len(bad)/2] ^= 1
+	if err := b.Put(ctx(t), chunkstore.ChunkKey(victim), bad); err != nil {
+		t.Fatal(err)
+	}
+	cold, _ := NewStore(t, b, true)
+	if _, err := cold.Import(ctx(t), st.Root, filepath.Join(dir, "out")); !errors.Is(err, errdefs.ErrCorrupt) {
+		t.Fatalf("import with a corrupt chunk in the store: %v, want ErrCorrupt", err)
+	}
+	// A corrupt chunk that is also shorter.
+	if err := b.Put(ctx(t), chunkstore.ChunkKey(victim), good[:10]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cold.Import(ctx(t), st.Root, filepath.Join(dir, "out")); !errors.Is(err, errdefs.ErrCorrupt) {
+		t.Fatalf("import with a truncated chunk in the store: %v, want ErrCorrupt", err)
+	}
+	// A corrupt manifest.
+	body, err := b.Get(ctx(t), chunkstore.ManifestKey(st.Root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Put(ctx(t), chunkstore.ManifestKey(st.Root), bytes.Replace(body, []byte(`"version":1`), []byte(`"version":2`), 1)); err != nil {
+		t.Fatal(err)
+	}
+	uncached, _ := NewStore(t, b, false)
+	if _, err := uncached.Manifest(ctx(t), st.Root); !errors.Is(err, errdefs.ErrCorrupt) {
+		t.Fatalf("corrupt manifest: %v, want ErrCorrupt", err)
+	}
+	noLeftovers(t, dir, "a")
+	// Exporting again repairs nothing in place (the chunk is "present"),
+	// but a store whose chunk is put back serves the image again.
+	if err := b.Put(ctx(t), chunkstore.ChunkKey(victim), good); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Put(ctx(t), chunkstore.ManifestKey(st.Root), body); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cold.Import(ctx(t), st.Root, filepath.Join(dir, "out")); err != nil {
+		t.Fatal(err)
+	}
+	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "out"))
+}
+
+func testCorruptInCache(t *testing.T, b chunkstore.Backend) {
+	dir := t.TempDir()
+	s, cache := NewStore(t, b, true)
+	imgA.Write(t, filepath.Join(dir, "a"))
+	st, err := s.Export(ctx(t), filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.Manifest(ctx(t), st.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Flip a byte of a cached chunk, and truncate another.
+	hashes := m.Hashes()
+	for i, h := range hashes[:2] {
+		p := filepath.Join(cache.Dir(), filepath.FromSlash(chunkstore.ChunkKey(h)))
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatalf("export did not fill the cache: %v", err)
+		}
+		if i == 0 {
+			data[0] ^= 0xff
+		} else {
+			data = data[:len(data)-1]
+		}
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ist, err := s.Import(ctx(t), st.Root, filepath.Join(dir, "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "out"))
+	if ist.CacheCorrupt != 2 || ist.Transferred != 2 {
+		t.Fatalf("import over a corrupt cache: %s, %d corrupt in the cache; want 2 refetched", &ist, ist.CacheCorrupt)
+	}
+	// Corrupt in both: detected, never written.
+	p := filepath.Join(cache.Dir(), filepath.FromSlash(chunkstore.ChunkKey(hashes[3])))
+	data, _ := os.ReadFile(p)
+	data[5] ^= 1
+	os.WriteFile(p, data, 0o600)
+	if err := b.Put(ctx(t), chunkstore.ChunkKey(hashes[3]), data); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Import(ctx(t), st.Root, filepath.Join(dir, "out2")); !errors.Is(err, errdefs.ErrCorrupt) {
+		t.Fatalf("corrupt in the cache and the store: %v", err)
+	}
+	noLeftovers(t, dir, "a", "out")
+}
+
+func testCancelled(t *testing.T, b chunkstore.Backend) {
+	dir := t.TempDir()
+	s, _ := NewStore(t, b, false)
+	imgA.Write(t, filepath.Join(dir, "a"))
+	c, cancel := context.WithCancel(ctx(t))
+	cancel()
+	if _, err := s.Export(c, filepath.Join(dir, "a"), nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled export: %v", err)
+	}
+	n := 0
+	b.List(ctx(t), "manifests/", func(chunkstore.Object) error { n++; return nil })
+	if n != 0 {
+		t.Fatalf("a cancelled export wrote %d manifests", n)
+	}
+	st, err := s.Export(ctx(t), filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Import(c, st.Root, filepath.Join(dir, "out")); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled import: %v", err)
+	}
+	noLeftovers(t, dir, "a")
+}
+
+func count(t *testing.T, b chunkstore.Backend, prefix string) (n int, bytes int64) {
+	t.Helper()
+	if err := b.List(ctx(t), prefix, func(o chunkstore.Object) error { n++; bytes += o.Size; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return n, bytes
+}
+
+func testGC(t *testing.T, b chunkstore.Backend) {
+	dir := t.TempDir()
+	s, _ := NewStore(t, b, false)
+	imgA.Write(t, filepath.Join(dir, "a"))
+	imgA2.Write(t, filepath.Join(dir, "a2"))
+	imgB.Write(t, filepath.Join(dir, "b"))
+	var roots []chunkstore.Hash
+	for _, n := range []string{"a", "a2", "b"} {
+		st, err := s.Export(ctx(t), filepath.Join(dir, n), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots = append(roots, st.Root)
+	}
+	chunks, chunkBytes := count(t, b, "chunks/")
+	live := chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return roots[:2], nil })
+	// Within the grace period nothing goes.
+	st, err := s.GC(ctx(t), live, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.DeletedChunks != 0 || st.DeletedManifests != 0 || st.Chunks != chunks || st.Manifests != 3 {
+		t.Fatalf("gc within the grace period: %+v", st)
+	}
+	// A root the caller holds that the store does not is reported.
+	var ghost chunkstore.Hash
+	ghost[0] = 7
+	withGhost := chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return append(roots[:2:2], ghost), nil })
+	st, err = s.GC(ctx(t), withGhost, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, leftBytes := count(t, b, "chunks/")
+	if st.DeletedManifests != 1 || st.DeletedChunks == 0 || st.DeletedChunks != chunks-left || st.MissingLive != 1 {
+		t.Fatalf("gc: %+v; %d chunks before, %d after", st, chunks, left)
+	}
+	if st.BytesFreed < chunkBytes-leftBytes {
+		t.Fatalf("gc freed %d bytes, the chunks alone were %d", st.BytesFreed, chunkBytes-leftBytes)
+	}
+	if found, _ := s.HasManifest(ctx(t), roots[2]); found {
+		t.Fatal("the dead manifest is still there")
+	}
+	for i, n := range []string{"a", "a2"} {
+		out := filepath.Join(dir, "out-"+n)
+		if _, err := s.Import(ctx(t), roots[i], out); err != nil {
+			t.Fatalf("live image %s after gc: %v", n, err)
+		}
+		Equal(t, filepath.Join(dir, n), out)
+	}
+	// Everything dead: the store is empty again.
+	st, err = s.GC(ctx(t), chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return nil, nil }), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := count(t, b, "chunks/"); n != 0 {
+		t.Fatalf("%d chunks left with no live manifest (%+v)", n, st)
+	}
+	if n, _ := count(t, b, "manifests/"); n != 0 {
+		t.Fatalf("%d manifests left with none live", n)
+	}
+	// The store knew those chunks were there: after a collection it must
+	// not trust that.
+	again, err := s.Export(ctx(t), filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Transferred != again.Distinct {
+		t.Fatalf("export after a collection emptied the store: %s", &again)
+	}
+	if _, err := s.Import(ctx(t), again.Root, filepath.Join(dir, "out-again")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// hooked calls onList before listing prefix, once.
+type hooked struct {
+	chunkstore.Backend
+	prefix string
+	once   sync.Once
+	onList func()
+}
+
+func (h *hooked) List(ctx context.Context, prefix string, fn func(chunkstore.Object) error) error {
+	if strings.HasPrefix(prefix, h.prefix) {
+		h.once.Do(h.onList)
+	}
+	return h.Backend.List(ctx, prefix, fn)
+}
+
+// testGCAgainstExport runs an export that finds every chunk already stored
+// (chunks no manifest names any more, older than the grace period: a
+// collection's candidates) between the collection's mark and its sweep.
+// The collection must see the export's manifest and keep them.
+func testGCAgainstExport(t *testing.T, b chunkstore.Backend) {
+	dir := t.TempDir()
+	imgA.Write(t, filepath.Join(dir, "a"))
+	plain, _ := NewStore(t, b, false)
+	first, err := plain.Export(ctx(t), filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.DeleteManifest(ctx(t), first.Root); err != nil {
+		t.Fatal(err)
+	}
+	var again chunkstore.Stats
+	var exported atomic.Bool
+	h := &hooked{Backend: b, prefix: "chunks/", onList: func() {
+		var err error
+		again, err = plain.Export(ctx(t), filepath.Join(dir, "a"), nil)
+		if err != nil {
+			t.Error(err)
+		}
+		exported.Store(true)
+	}}
+	s, _ := NewStore(t, h, false)
+	// The export's manifest is not live for the caller yet (it records the
+	// root after Export returns): only the lock protects its chunks.
+	none := chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return nil, nil })
+	st, err := s.GC(ctx(t), none, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !exported.Load() || again.Transferred != 0 {
+		t.Fatalf("the export did not run between mark and sweep, or uploaded: %s", &again)
+	}
+	if st.DeletedChunks != 0 || st.LiveManifests != 1 {
+		t.Fatalf("gc against an export: %+v", st)
+	}
+	if _, err := plain.Import(ctx(t), again.Root, filepath.Join(dir, "out")); err != nil {
+		t.Fatalf("the export's image after gc: %v", err)
+	}
+	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "out"))
+}
+
+// testLinkFiles: with Options.LinkFiles, a second import of the same image
+// hard-links its large files from the cache instead of writing them.
+func testLinkFiles(t *testing.T, b chunkstore.Backend) {
+	dir := t.TempDir()
+	cache, err := chunkstore.OpenCache(filepath.Join(dir, "cache"), 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := chunkstore.New(b, chunkstore.Options{Cache: cache, LinkFiles: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	imgA.Write(t, filepath.Join(dir, "a"))
+	st, err := s.Export(ctx(t), filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.Import(ctx(t), st.Root, filepath.Join(dir, "one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := s.Import(ctx(t), st.Root, filepath.Join(dir, "two"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.LinkedFiles != 0 || second.LinkedFiles != 1 {
+		t.Fatalf("linked files: first import %d, second %d; want 0, then 1 (pages.img)", first.LinkedFiles, second.LinkedFiles)
+	}
+	equalBoth(t, dir)
+	a, _ := os.Stat(filepath.Join(dir, "one", "pages.img"))
+	c, _ := os.Stat(filepath.Join(dir, "two", "pages.img"))
+	if !os.SameFile(a, c) {
+		t.Fatal("the second import's pages.img is not a link to the first's")
+	}
+	// The first image going away leaves the second, and the cache's link.
+	os.RemoveAll(filepath.Join(dir, "one"))
+	third, err := s.Import(ctx(t), st.Root, filepath.Join(dir, "three"))
+	if err != nil || third.LinkedFiles != 1 {
+		t.Fatalf("third import: %v, %d linked", err, third.LinkedFiles)
+	}
+	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "three"))
+}
+
+func equalBoth(t *testing.T, dir string) {
+	t.Helper()
+	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "one"))
+	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "two"))
+}

@@ -1,0 +1,60 @@
+// Package chunkstore stores directories of image files (gVisor checkpoint
+// images: checkpoint.img, pages_meta.img, pages.img and whatever else the
+// directory holds) as manifests of content-addressed chunks, in a local
+// directory (file://DIR) or an S3-compatible object store
+// (s3://bucket/prefix), with a host-local chunk cache. It depends on
+// nothing of the daemon: the manager calls Export when it writes an image
+// and Import before it restores one elsewhere.
+//
+// # Chunks
+//
+// Each file is cut by content-defined chunking (FastCDC, "fastcdc-v1.0.0"
+// of github.com/PlakarKorp/go-cdc-chunkers; by default min 8, average 32,
+// max 128 KiB). Fixed 64 KiB chunks share almost nothing between a
+// template's warm image and a sandbox restored from it, because gVisor
+// writes pages.img in memory-file order and a few pages inserted early
+// shift the rest by a number of pages that is rarely a multiple of 16;
+// content-defined boundaries move with the content (docs/benchmarks.md,
+// "Chunk store"). A chunk is named by its BLAKE3-256 hash. A chunk of
+// zeros is never stored: the manifest marks it and an import leaves a hole.
+//
+// # Objects
+//
+//	chunks/<h[0:2]>/<h>   a chunk's bytes, h its hash in lower-case hex
+//	manifests/<root>      a manifest's canonical encoding, root its hash
+//	locks/<id>            leases of the store's lock (S3 only)
+//
+// # Manifest
+//
+// A manifest is a JSON object in canonical form (fields in the order
+// below, no spaces, metadata keys sorted, files sorted by name):
+//
+//	{"version":1,"hash":"blake3-256",
+//	 "chunking":{"alg":"fastcdc-v1.0.0","min":8192,"avg":32768,"max":131072},
+//	 "files":[{"name":"checkpoint.img","size":557774,"mode":420,"chunks":"<base64>"}, ...],
+//	 "meta":{"k":"v", ...}}
+//
+// A file's chunks are one standard base64 string of its chunk list in
+// order: per chunk, uvarint(size<<1 | zero) followed, unless zero is 1, by
+// the chunk's 32-byte hash. The sizes add up to the file's size. A
+// manifest's root is the BLAKE3-256 hash of its canonical bytes; Decode
+// accepts only canonical bytes, so a root names exactly one manifest.
+// Metadata is the caller's (the template artifact, the runsc build).
+//
+// # Reads are verified
+//
+// Every chunk is hashed when it is read, from the store or from the cache,
+// and every manifest against its root: a mismatch is errdefs.ErrCorrupt and
+// the bad bytes are never written into an image. A store that does not
+// answer is errdefs.ErrUnavailable, after retries with jittered backoff.
+//
+// # Writes are ordered
+//
+// Export uploads only the chunks the store lacks (one batched existence
+// check, then 16 uploads in flight), and the manifest last: a crash or a
+// store that goes away mid-upload leaves orphan chunks, never a manifest
+// that names a missing chunk. GC removes the orphans after its grace
+// period. Export holds the store's lock shared from its existence check to
+// its manifest; GC holds it exclusively while it sweeps, so a chunk that an
+// export found present is not deleted under it.
+package chunkstore

@@ -1,0 +1,313 @@
+package chunkstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/timing"
+)
+
+// where is the first place a distinct chunk was found, to read it again.
+type where struct {
+	file int
+	off  int64
+	size int
+}
+
+// Export stores the image directory dir (regular files only, no
+// subdirectories) and returns its Stats, whose Root names the manifest.
+// It uploads the chunks the store lacks, then the manifest; on any error
+// (the store down after retries, ctx cancelled) no manifest is written.
+// Exporting the same bytes with the same meta again uploads nothing and
+// gives the same root. Phases: export.chunk (read, cut, hash, fill the
+// cache), export.check, export.upload, export.manifest.
+func (s *Store) Export(ctx context.Context, dir string, meta map[string]string) (st Stats, err error) {
+	t0 := time.Now()
+	defer func() {
+		st.Duration = time.Since(t0)
+		if err != nil {
+			err = fmt.Errorf("exporting %s to %s: %w", dir, s.b, err)
+		}
+	}()
+	phase := func(name string, start time.Time) {
+		d := time.Since(start)
+		st.Phases = append(st.Phases, Phase{name, d})
+		timing.Add(ctx, name, d)
+	}
+
+	names, err := imageFiles(dir)
+	if err != nil {
+		return st, err
+	}
+	tc := time.Now()
+	m := &Manifest{Chunking: s.chunking, Meta: meta}
+	locs := make(map[Hash]where)
+	pr := chunkProgress{}
+	for _, name := range names {
+		info, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			return st, err
+		}
+		pr.total += info.Size()
+	}
+	for i, name := range names {
+		f, err := s.chunkFile(ctx, filepath.Join(dir, name), name, i, locs, &pr, &st)
+		if err != nil {
+			return st, err
+		}
+		m.Files = append(m.Files, f)
+	}
+	phase("export.chunk", tc)
+	body, root, err := m.Encode()
+	if err != nil {
+		return st, err
+	}
+	st.Root, st.Files, st.Bytes, st.Distinct = root, len(m.Files), m.Bytes(), len(locs)
+
+	// From the existence check to the manifest, GC must not sweep: a chunk
+	// found present now must still be there when the manifest names it.
+	held, unlock, err := s.locker.Lock(ctx, LockStore, false)
+	if err != nil {
+		return st, err
+	}
+	defer unlock()
+	tk := time.Now()
+	hashes := m.Hashes()
+	known, err := s.knownSince(held, hashes)
+	if err != nil {
+		return st, err
+	}
+	s.knownMu.Lock()
+	epoch := s.knownEpoch
+	s.knownMu.Unlock()
+	var ask []Hash
+	var keys []string
+	for i, h := range hashes {
+		if !known[i] {
+			ask = append(ask, h)
+			keys = append(keys, ChunkKey(h))
+		}
+	}
+	st.Asked = len(ask)
+	found, err := s.b.Has(held, keys)
+	if err != nil {
+		return st, fmt.Errorf("checking which chunks are stored: %w", err)
+	}
+	var missing, present []Hash
+	var total int64
+	for i, h := range ask {
+		if found[i] {
+			present = append(present, h)
+		} else {
+			missing = append(missing, h)
+			total += int64(locs[h].size)
+		}
+	}
+	st.Present = len(hashes) - len(missing)
+	s.remember(epoch, present)
+	phase("export.check", tk)
+
+	tu := time.Now()
+	if err := s.upload(held, dir, names, missing, locs, total, &st); err != nil {
+		return st, err
+	}
+	if len(missing) > 0 {
+		if err := s.b.Flush(held); err != nil {
+			return st, err
+		}
+	}
+	s.remember(epoch, missing)
+	phase("export.upload", tu)
+
+	tm := time.Now()
+	if err := held.Err(); err != nil {
+		return st, fmt.Errorf("the store's lock was lost: %w", context.Cause(held))
+	}
+	if err := s.b.Put(held, ManifestKey(root), body); err != nil {
+		return st, fmt.Errorf("writing manifest %s: %w", root, err)
+	}
+	if s.cache != nil {
+		s.cache.put(ManifestKey(root), body)
+	}
+	phase("export.manifest", tm)
+	return st, nil
+}
+
+// imageFiles lists the regular files of an image directory, sorted.
+func imageFiles(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("image directory %s: %w", dir, errdefs.ErrNotFound)
+		}
+		return nil, err
+	}
+	var names []string
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "image directory %s: %s is not a regular file", dir, e.Name())
+		}
+		if err := ValidName(e.Name()); err != nil {
+			return nil, err
+		}
+		names = append(names, e.Name())
+	}
+	if len(names) > maxFiles {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "image directory %s: %d files, more than %d", dir, len(names), maxFiles)
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// chunkProgress is how far export.chunk is over the whole image.
+type chunkProgress struct {
+	done  atomic.Int64
+	total int64 // the files' sizes when the export began
+}
+
+// chunkFile cuts one file into chunks and hashes them (on every CPU),
+// records where each new distinct chunk is, and fills the cache.
+func (s *Store) chunkFile(ctx context.Context, path, name string, fileIdx int, locs map[Hash]where, pr *chunkProgress, st *Stats) (File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return File{}, err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return File{}, err
+	}
+	out := File{Name: name, Size: info.Size(), Mode: info.Mode().Perm()}
+
+	type job struct {
+		idx  int
+		data []byte
+	}
+	jobs := make(chan job, 2*runtime.GOMAXPROCS(0))
+	var mu sync.Mutex
+	hashes := make(map[int]Hash)
+	g, gctx := errgroup.WithContext(ctx)
+	for range runtime.GOMAXPROCS(0) {
+		g.Go(func() error {
+			for j := range jobs {
+				h := Sum(j.data)
+				if s.cache != nil {
+					s.cache.put(ChunkKey(h), j.data)
+				}
+				mu.Lock()
+				hashes[j.idx] = h
+				mu.Unlock()
+			}
+			return nil
+		})
+	}
+	offsets := []int64{}
+	splitErr := s.chunking.Split(f, func(off int64, data []byte) error {
+		c := Chunk{Size: len(data)}
+		if allZero(data) {
+			c.Zero = true
+			st.ZeroChunks++
+		} else {
+			select {
+			case jobs <- job{len(out.Chunks), slices.Clone(data)}:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+		}
+		out.Chunks = append(out.Chunks, c)
+		offsets = append(offsets, off)
+		s.report("export", "chunk", min(pr.done.Add(int64(len(data))), pr.total), pr.total)
+		return nil
+	})
+	close(jobs)
+	if err := g.Wait(); err != nil {
+		return File{}, err
+	}
+	if splitErr != nil {
+		return File{}, fmt.Errorf("reading %s: %w", path, splitErr)
+	}
+	var total int64
+	for i := range out.Chunks {
+		c := &out.Chunks[i]
+		total += int64(c.Size)
+		if c.Zero {
+			continue
+		}
+		c.Hash = hashes[i]
+		if _, ok := locs[c.Hash]; !ok {
+			locs[c.Hash] = where{fileIdx, offsets[i], c.Size}
+		}
+	}
+	// The file changed while it was read: its chunks are not its size.
+	if total != out.Size {
+		return File{}, fmt.Errorf("%s changed while it was read (%d bytes, then %d)", path, out.Size, total)
+	}
+	st.Chunks += len(out.Chunks)
+	return out, nil
+}
+
+// upload puts the missing chunks, read again from the image and hashed
+// again (an image that changed under the export must not store wrong
+// bytes under a hash), s.parallel at a time.
+func (s *Store) upload(ctx context.Context, dir string, names []string, missing []Hash, locs map[Hash]where, total int64, st *Stats) error {
+	if len(missing) == 0 {
+		return nil
+	}
+	files := make([]*os.File, len(names))
+	defer func() {
+		for _, f := range files {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}()
+	for i, n := range names {
+		f, err := os.Open(filepath.Join(dir, n))
+		if err != nil {
+			return err
+		}
+		files[i] = f
+	}
+	var done atomic.Int64
+	var count atomic.Int64
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(s.parallel)
+	for _, h := range missing {
+		if gctx.Err() != nil {
+			break
+		}
+		g.Go(func() error {
+			l := locs[h]
+			buf := make([]byte, l.size)
+			if _, err := files[l.file].ReadAt(buf, l.off); err != nil {
+				return fmt.Errorf("reading %s: %w", names[l.file], err)
+			}
+			if Sum(buf) != h {
+				return fmt.Errorf("%s changed while it was exported", names[l.file])
+			}
+			if err := s.b.Put(gctx, ChunkKey(h), buf); err != nil {
+				return fmt.Errorf("uploading chunk %s: %w", h, err)
+			}
+			count.Add(1)
+			s.report("export", "upload", done.Add(int64(l.size)), total)
+			return nil
+		})
+	}
+	err := g.Wait()
+	st.Transferred, st.TransferredBytes = int(count.Load()), done.Load()
+	if err == nil {
+		err = ctx.Err()
+	}
+	return err
+}

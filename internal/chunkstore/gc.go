@@ -1,0 +1,227 @@
+package chunkstore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// Roots lists the manifests that are live: the single host's snapshots and
+// paused sandboxes, the cluster's rows.
+type Roots interface {
+	LiveRoots(ctx context.Context) ([]Hash, error)
+}
+
+// RootsFunc adapts a function to Roots.
+type RootsFunc func(ctx context.Context) ([]Hash, error)
+
+func (f RootsFunc) LiveRoots(ctx context.Context) ([]Hash, error) { return f(ctx) }
+
+// GCStats describe one collection.
+type GCStats struct {
+	Manifests        int // in the store when it started
+	LiveManifests    int // kept: live, or younger than the grace period
+	MissingLive      int // live roots the store does not hold
+	DeletedManifests int
+	Chunks           int // in the store when it started
+	DeletedChunks    int
+	BytesFreed       int64 // chunks' and manifests' bytes
+	Duration         time.Duration
+}
+
+// GC deletes what no live manifest needs: manifests that are neither live
+// nor younger than grace, then chunks that no kept manifest names and that
+// are older than grace (an export under way may have just uploaded them).
+// It marks without the lock, then takes it exclusively (waiting for
+// exports between their existence check and their manifest), marks the
+// manifests written meanwhile, and sweeps. One collector runs at a time.
+func (s *Store) GC(ctx context.Context, roots Roots, grace time.Duration) (st GCStats, err error) {
+	t0 := time.Now()
+	defer func() {
+		st.Duration = time.Since(t0)
+		if err != nil {
+			err = fmt.Errorf("collecting garbage in %s: %w", s.b, err)
+		}
+	}()
+	ctx, unlockGC, err := s.locker.Lock(ctx, LockGC, true)
+	if err != nil {
+		return st, err
+	}
+	defer unlockGC()
+	liveList, err := roots.LiveRoots(ctx)
+	if err != nil {
+		return st, fmt.Errorf("listing live manifests: %w", err)
+	}
+	live := make(map[string]bool, len(liveList))
+	for _, r := range liveList {
+		live[ManifestKey(r)] = true
+	}
+
+	// Mark.
+	cutoff := time.Now().Add(-grace)
+	seen := make(map[string]bool)
+	var drop []Object
+	var keep []Hash
+	if err := s.b.List(ctx, "manifests/", func(o Object) error {
+		if seen[o.Key] {
+			return nil
+		}
+		seen[o.Key] = true
+		st.Manifests++
+		if live[o.Key] || o.Modified.After(cutoff) {
+			r, err := ParseHash(strings.TrimPrefix(o.Key, "manifests/"))
+			if err != nil {
+				return fmt.Errorf("manifest %s: %w", o.Key, err)
+			}
+			keep = append(keep, r)
+		} else {
+			drop = append(drop, o)
+		}
+		return nil
+	}); err != nil {
+		return st, err
+	}
+	for k := range live {
+		if !seen[k] {
+			st.MissingLive++
+		}
+	}
+	marked := make(map[Hash]bool)
+	var mu sync.Mutex
+	if err := s.mark(ctx, keep, marked, &mu); err != nil {
+		return st, err
+	}
+	var candidates []Object
+	chunkSeen := make(map[string]bool)
+	if err := s.b.List(ctx, "chunks/", func(o Object) error {
+		if chunkSeen[o.Key] {
+			return nil
+		}
+		chunkSeen[o.Key] = true
+		st.Chunks++
+		h, err := ParseHash(o.Key[strings.LastIndexByte(o.Key, '/')+1:])
+		if err != nil || o.Key != ChunkKey(h) {
+			return nil // not ours: leave it
+		}
+		if !marked[h] && o.Modified.Before(cutoff) {
+			candidates = append(candidates, o)
+		}
+		return nil
+	}); err != nil {
+		return st, err
+	}
+
+	// Sweep, holding the lock: exports that found a chunk present have
+	// written their manifests, and none starts.
+	held, unlock, err := s.locker.Lock(ctx, LockStore, true)
+	if err != nil {
+		return st, err
+	}
+	defer unlock()
+	var late []Hash
+	if err := s.b.List(held, "manifests/", func(o Object) error {
+		if !seen[o.Key] {
+			seen[o.Key] = true
+			if r, err := ParseHash(strings.TrimPrefix(o.Key, "manifests/")); err == nil {
+				late = append(late, r)
+			}
+		}
+		return nil
+	}); err != nil {
+		return st, err
+	}
+	if err := s.mark(held, late, marked, &mu); err != nil {
+		return st, err
+	}
+	st.LiveManifests = len(keep) + len(late)
+
+	// A new epoch before anything goes: every store's known set is void.
+	if err := s.b.Put(held, epochKey, []byte(randomHex(16))); err != nil {
+		return st, fmt.Errorf("writing the collection epoch: %w", err)
+	}
+
+	// Manifests first: a collection cut short leaves chunks no manifest
+	// names, never a manifest that names a missing chunk.
+	var freed atomic.Int64
+	var deleted atomic.Int64
+	sweep := func(objs []Object, skip func(Object) bool) error {
+		deleted.Store(0)
+		g, gctx := errgroup.WithContext(held)
+		g.SetLimit(s.parallel)
+		for _, o := range objs {
+			if skip(o) {
+				continue
+			}
+			if gctx.Err() != nil {
+				break
+			}
+			g.Go(func() error {
+				if err := s.b.Delete(gctx, o.Key); err != nil {
+					return err
+				}
+				deleted.Add(1)
+				freed.Add(o.Size)
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return err
+		}
+		if held.Err() != nil {
+			return fmt.Errorf("the store's lock was lost: %w", context.Cause(held))
+		}
+		return nil
+	}
+	err = sweep(drop, func(Object) bool { return false })
+	st.DeletedManifests = int(deleted.Load())
+	st.BytesFreed = freed.Load()
+	if err != nil {
+		return st, err
+	}
+	err = sweep(candidates, func(o Object) bool {
+		h, _ := ParseHash(o.Key[strings.LastIndexByte(o.Key, '/')+1:])
+		return marked[h]
+	})
+	st.DeletedChunks = int(deleted.Load())
+	st.BytesFreed = freed.Load()
+	return st, err
+}
+
+// mark reads the manifests (in parallel, verified) and marks their chunks.
+// A kept manifest that cannot be read stops the collection: its chunks
+// would otherwise be swept.
+func (s *Store) mark(ctx context.Context, roots []Hash, marked map[Hash]bool, mu *sync.Mutex) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(s.parallel)
+	for _, r := range roots {
+		g.Go(func() error {
+			b, err := s.b.Get(gctx, ManifestKey(r))
+			if err != nil {
+				if isNotFound(err) {
+					return nil // deleted meanwhile
+				}
+				return fmt.Errorf("reading manifest %s: %w", r, err)
+			}
+			m, err := Decode(b, r)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, f := range m.Files {
+				for _, c := range f.Chunks {
+					if !c.Zero {
+						marked[c.Hash] = true
+					}
+				}
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}

@@ -1,0 +1,289 @@
+package chunkstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/timing"
+)
+
+// Import rebuilds the image the manifest root names into dir, which must
+// not exist (its parent must): byte for byte, zero chunks left as holes.
+// Chunks come from the cache when it holds them, else from the store
+// (s.parallel at a time, then kept in the cache); every one is verified
+// first. The image is assembled beside dir and renamed into place, so dir
+// appears whole or not at all (it is not synced: after a crash, import
+// again). Phases: import.manifest, import.fetch (the chunks the cache
+// lacks, into the cache), import.assemble (read, verify, write),
+// import.finish.
+func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, err error) {
+	t0 := time.Now()
+	st.Root = root
+	defer func() {
+		st.Duration = time.Since(t0)
+		if err != nil {
+			err = fmt.Errorf("importing %s from %s into %s: %w", root, s.b, dir, err)
+		}
+	}()
+	phase := func(name string, start time.Time) {
+		d := time.Since(start)
+		st.Phases = append(st.Phases, Phase{name, d})
+		timing.Add(ctx, name, d)
+	}
+	if _, err := os.Lstat(dir); err == nil {
+		return st, errdefs.New(errdefs.ErrAlreadyExists, "image directory %s already exists", dir)
+	}
+	tm := time.Now()
+	m, err := s.Manifest(ctx, root)
+	if err != nil {
+		return st, err
+	}
+	phase("import.manifest", tm)
+
+	tc := time.Now()
+	tmp := dir + ".import-" + randomHex(4)
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return st, err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(tmp)
+		}
+	}()
+	files := make([]*os.File, len(m.Files))
+	defer func() {
+		for _, f := range files {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}()
+	// The image as runs of consecutive stored chunks (up to runBytes), each
+	// assembled in one buffer and written with one call.
+	var runs []run
+	var runTotal int64             // the bytes runs write
+	distinct := make(map[Hash]int) // size
+	var order []Hash
+	fileKeys := make([]string, len(m.Files))
+	for i, mf := range m.Files {
+		if s.link && mf.Size >= linkMin {
+			fileKeys[i] = fileKey(mf)
+			if s.cache.link(fileKeys[i], filepath.Join(tmp, mf.Name)) {
+				st.LinkedFiles++
+				st.Chunks += len(mf.Chunks)
+				fileKeys[i] = "" // nothing to adopt
+				continue
+			}
+		}
+		f, err := os.OpenFile(filepath.Join(tmp, mf.Name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			return st, err
+		}
+		files[i] = f
+		if err := f.Truncate(mf.Size); err != nil {
+			return st, err
+		}
+		var off int64
+		var cur *run
+		for _, c := range mf.Chunks {
+			st.Chunks++
+			if c.Zero {
+				st.ZeroChunks++
+				cur = nil
+				off += int64(c.Size)
+				continue
+			}
+			if _, ok := distinct[c.Hash]; !ok {
+				distinct[c.Hash] = c.Size
+				order = append(order, c.Hash)
+			}
+			if cur == nil || cur.bytes+c.Size > runBytes {
+				runs = append(runs, run{file: i, off: off})
+				cur = &runs[len(runs)-1]
+			}
+			cur.chunks = append(cur.chunks, c)
+			cur.bytes += c.Size
+			runTotal += int64(c.Size)
+			off += int64(c.Size)
+		}
+	}
+	st.Files, st.Bytes, st.Distinct = len(m.Files), m.Bytes(), len(order)
+
+	// Fetch what the cache lacks (each distinct chunk once), verified, into
+	// the cache; then assemble every run from the cache. Without a cache,
+	// runs read the store directly.
+	var fetched, corrupt atomic.Int64
+	var fetchedBytes atomic.Int64
+	if s.cache != nil {
+		var missing []Hash
+		var total int64
+		for _, h := range order {
+			if !s.cache.has(ChunkKey(h)) {
+				missing = append(missing, h)
+				total += int64(distinct[h])
+			}
+		}
+		st.Present = len(order) - len(missing)
+		var done atomic.Int64
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(s.parallel)
+		for _, h := range missing {
+			if gctx.Err() != nil {
+				break
+			}
+			g.Go(func() error {
+				data, err := s.fetch(gctx, h, distinct[h])
+				if err != nil {
+					return err
+				}
+				s.cache.put(ChunkKey(h), data)
+				fetched.Add(1)
+				fetchedBytes.Add(int64(len(data)))
+				s.report("import", "fetch", done.Add(int64(len(data))), total)
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			st.Transferred, st.TransferredBytes = int(fetched.Load()), fetchedBytes.Load()
+			return st, err
+		}
+		if err := ctx.Err(); err != nil {
+			return st, err
+		}
+		phase("import.fetch", tc)
+	}
+	ta := time.Now()
+	var written atomic.Int64
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(s.parallel)
+	for _, r := range runs {
+		if gctx.Err() != nil {
+			break
+		}
+		g.Go(func() error {
+			bp := runBufs.Get().(*[]byte)
+			defer runBufs.Put(bp)
+			if cap(*bp) < r.bytes {
+				*bp = make([]byte, r.bytes) // one chunk larger than a run
+			}
+			buf := (*bp)[:r.bytes]
+			pos := 0
+			for _, c := range r.chunks {
+				dst := buf[pos : pos+c.Size]
+				pos += c.Size
+				if s.cache != nil {
+					hit, bad := s.cache.readInto(ChunkKey(c.Hash), dst)
+					if hit && Sum(dst) == c.Hash {
+						continue
+					}
+					if hit {
+						s.cache.remove(ChunkKey(c.Hash))
+					}
+					if hit || bad {
+						corrupt.Add(1)
+					}
+				}
+				data, err := s.fetch(gctx, c.Hash, c.Size)
+				if err != nil {
+					return err
+				}
+				copy(dst, data)
+				fetched.Add(1)
+				fetchedBytes.Add(int64(len(data)))
+				if s.cache != nil {
+					s.cache.put(ChunkKey(c.Hash), data)
+				}
+			}
+			if _, err := files[r.file].WriteAt(buf, r.off); err != nil {
+				return fmt.Errorf("writing %s: %w", m.Files[r.file].Name, err)
+			}
+			s.report("import", "assemble", written.Add(int64(len(buf))), runTotal)
+			return nil
+		})
+	}
+	err = g.Wait()
+	st.Transferred, st.TransferredBytes, st.CacheCorrupt = int(fetched.Load()), fetchedBytes.Load(), int(corrupt.Load())
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		return st, err
+	}
+	phase("import.assemble", ta)
+
+	tf := time.Now()
+	for i, f := range files {
+		if f == nil {
+			continue // linked
+		}
+		if err := f.Chmod(m.Files[i].Mode); err != nil {
+			return st, err
+		}
+		if err := f.Close(); err != nil {
+			files[i] = nil
+			return st, err
+		}
+		files[i] = nil
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return st, errdefs.New(errdefs.ErrAlreadyExists, "image directory %s already exists", dir)
+		}
+		return st, err
+	}
+	for i, k := range fileKeys {
+		if k != "" {
+			s.cache.adopt(k, filepath.Join(dir, m.Files[i].Name), m.Files[i].Size)
+		}
+	}
+	phase("import.finish", tf)
+	return st, nil
+}
+
+// linkMin is the smallest file Options.LinkFiles keeps whole.
+const linkMin = 1 << 20
+
+// fileKey names a whole file in the cache by its size, mode and chunks.
+func fileKey(f File) string {
+	return "files/" + Sum([]byte(fmt.Sprintf("%d %o %s", f.Size, f.Mode, encodeChunks(f.Chunks)))).String()
+}
+
+// runBytes is the most an import assembles before one write.
+const runBytes = 1 << 20
+
+// runBufs keeps run buffers across imports (fresh ones cost a page fault
+// per 4 KiB).
+var runBufs = sync.Pool{New: func() any { b := make([]byte, runBytes); return &b }}
+
+// run is consecutive stored chunks of one file, from off.
+type run struct {
+	file   int
+	off    int64
+	bytes  int
+	chunks []Chunk
+}
+
+// fetch reads chunk h from the store and verifies it: a chunk that does
+// not hash to its name, or is not size bytes, is ErrCorrupt.
+func (s *Store) fetch(ctx context.Context, h Hash, size int) ([]byte, error) {
+	data, err := s.b.Get(ctx, ChunkKey(h))
+	if err != nil {
+		return nil, fmt.Errorf("reading chunk %s: %w", h, err)
+	}
+	if err := verify("chunk", h, data); err != nil {
+		return nil, err
+	}
+	if len(data) != size {
+		return nil, fmt.Errorf("chunk %s: %d bytes, the manifest says %d: %w", h, len(data), size, errdefs.ErrCorrupt)
+	}
+	return data, nil
+}

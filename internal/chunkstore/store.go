@@ -1,0 +1,254 @@
+package chunkstore
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+)
+
+// Options configure a Store. The zero value is usable.
+type Options struct {
+	// Cache is the host-local chunk cache; nil for none (a file:// store
+	// on the same disk needs none).
+	Cache *Cache
+	// Chunking is how Export cuts files; zero for DefaultChunking.
+	Chunking Chunking
+	// Parallel is how many chunk transfers run at once; 0 for 16.
+	Parallel int
+	// Retry is how calls to a store that does not answer are retried; zero
+	// for DefaultRetry.
+	Retry Retry
+	// Locker replaces the backend's own lock (the cluster's PostgreSQL
+	// advisory lock).
+	Locker Locker
+	// Progress, if set, is called as an export or import moves on (from
+	// several goroutines, so it must be safe for concurrent use and quick).
+	Progress func(Progress)
+	// S3 configures s3:// URLs; see S3Config.
+	S3 S3Config
+	// LinkFiles keeps each file an import assembles (of 1 MiB or more) in
+	// the cache as a hard link, and imports of a file the cache holds
+	// whole hard-link it instead of assembling it: no copy and no hashing,
+	// so it trusts that file as verified when it was assembled. Image
+	// files must then never be written after an import (runsc opens them
+	// read-only), and the cache must be on the images' filesystem.
+	LinkFiles bool
+}
+
+// Progress is how far one Export or Import is, in bytes of the phase over
+// the whole image: export "chunk" (the image's files), "upload" (the
+// chunks the store lacks); import "fetch" (the chunks the cache lacks;
+// with a cache only) and "assemble" (the stored chunks it writes: not zero
+// chunks, not linked files). Done never passes Total.
+type Progress struct {
+	Op    string // "export" or "import"
+	Phase string
+	Done  int64 // bytes of the phase done
+	Total int64 // bytes of the phase in all
+}
+
+// Store exports image directories into a Backend and imports them back.
+// Safe for concurrent use.
+type Store struct {
+	b        Backend
+	locker   Locker
+	cache    *Cache
+	chunking Chunking
+	parallel int
+	progress func(Progress)
+	link     bool
+
+	// Chunks this store saw in the backend (found or uploaded) since the
+	// last collection, known by the collection epoch it read: exports skip
+	// asking for them. Any GC changes the epoch (before it deletes), and
+	// exports read it holding the store lock, so a set of a past epoch is
+	// never trusted.
+	knownMu    sync.Mutex
+	known      map[Hash]struct{}
+	knownEpoch string
+}
+
+// maxKnown bounds the known set (32 bytes a chunk and the map's overhead):
+// past it, the set starts afresh.
+const maxKnown = 1 << 20
+
+// epochKey is the object a collection rewrites before it deletes anything.
+const epochKey = "gc/epoch"
+
+// knownSince returns which of hashes are known present, after reading the
+// collection epoch (the caller holds the store lock shared).
+func (s *Store) knownSince(ctx context.Context, hashes []Hash) ([]bool, error) {
+	epoch, err := s.b.Get(ctx, epochKey)
+	if err != nil && !isNotFound(err) {
+		return nil, fmt.Errorf("reading the collection epoch: %w", err)
+	}
+	s.knownMu.Lock()
+	defer s.knownMu.Unlock()
+	if s.known == nil || string(epoch) != s.knownEpoch || len(s.known) > maxKnown {
+		s.known, s.knownEpoch = make(map[Hash]struct{}), string(epoch)
+	}
+	out := make([]bool, len(hashes))
+	for i, h := range hashes {
+		_, out[i] = s.known[h]
+	}
+	return out, nil
+}
+
+// remember adds hashes seen in the backend to the known set, if the epoch
+// is still the one they were seen in.
+func (s *Store) remember(epoch string, hashes []Hash) {
+	s.knownMu.Lock()
+	defer s.knownMu.Unlock()
+	if epoch != s.knownEpoch || s.known == nil {
+		return
+	}
+	for _, h := range hashes {
+		s.known[h] = struct{}{}
+	}
+}
+
+// Open opens the store a URL names: file:///abs/dir or s3://bucket/prefix.
+func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "chunk store URL %q: %v", rawURL, err)
+	}
+	var b Backend
+	switch u.Scheme {
+	case "file":
+		if u.Host != "" || u.RawQuery != "" {
+			return nil, errdefs.New(errdefs.ErrInvalidArgument, "chunk store URL %q: want file:///absolute/dir", rawURL)
+		}
+		b, err = OpenFile(u.Path)
+	case "s3":
+		b, err = OpenS3(ctx, u.Host, strings.Trim(u.Path, "/"), opts.S3)
+	default:
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "chunk store URL %q: want file:///dir or s3://bucket/prefix", rawURL)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return New(b, opts)
+}
+
+// New returns a Store over b.
+func New(b Backend, opts Options) (*Store, error) {
+	s := &Store{b: b, locker: opts.Locker, cache: opts.Cache, chunking: opts.Chunking, parallel: opts.Parallel, progress: opts.Progress, link: opts.LinkFiles && opts.Cache != nil}
+	if s.chunking == (Chunking{}) {
+		s.chunking = DefaultChunking
+	}
+	if err := s.chunking.validate(); err != nil {
+		return nil, err
+	}
+	if s.parallel <= 0 {
+		s.parallel = 16
+	}
+	r := opts.Retry
+	if r == (Retry{}) {
+		r = DefaultRetry
+	}
+	s.b = retrying{b, r}
+	if s.locker == nil {
+		s.locker = b
+	}
+	return s, nil
+}
+
+// Backend returns the store's backend (with retries).
+func (s *Store) Backend() Backend { return s.b }
+
+func (s *Store) String() string { return s.b.String() }
+
+// Stats describe one Export or Import.
+type Stats struct {
+	Root       Hash
+	Files      int
+	Bytes      int64 // the image's size
+	Chunks     int   // chunks in the manifest, zero chunks included
+	ZeroChunks int
+	Distinct   int // distinct stored chunks
+	// Export: distinct chunks the store already had. Import: distinct
+	// chunks found (and verified) in the cache.
+	Present int
+	// Export: distinct chunks whose presence it asked the store about (the
+	// others it had seen there since the last collection).
+	Asked int
+	// Chunks uploaded (export) or downloaded (import), and their bytes.
+	Transferred      int
+	TransferredBytes int64
+	// Import: cached chunks that failed verification (dropped, refetched).
+	CacheCorrupt int
+	// Import: files hard-linked whole from the cache (Options.LinkFiles).
+	LinkedFiles int
+	Phases      []Phase
+	Duration    time.Duration
+}
+
+// Phase is one step's duration, as also recorded on the context's
+// timing.Recorder (Server-Timing) under Name.
+type Phase struct {
+	Name string
+	Dur  time.Duration
+}
+
+func (st *Stats) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "root %s: %d files, %d bytes, %d chunks (%d zero, %d distinct, %d present, %d transferred, %d bytes)",
+		st.Root, st.Files, st.Bytes, st.Chunks, st.ZeroChunks, st.Distinct, st.Present, st.Transferred, st.TransferredBytes)
+	for _, p := range st.Phases {
+		fmt.Fprintf(&b, " %s=%.1fms", p.Name, float64(p.Dur.Microseconds())/1000)
+	}
+	return b.String()
+}
+
+func (s *Store) report(op, phase string, done, total int64) {
+	if s.progress != nil {
+		s.progress(Progress{Op: op, Phase: phase, Done: done, Total: total})
+	}
+}
+
+// Manifest reads and verifies the manifest root names, from the cache if
+// it holds it.
+func (s *Store) Manifest(ctx context.Context, root Hash) (*Manifest, error) {
+	key := ManifestKey(root)
+	if s.cache != nil {
+		if b, ok := s.cache.read(key, nil); ok {
+			if m, err := Decode(b, root); err == nil {
+				return m, nil
+			}
+			s.cache.remove(key)
+		}
+	}
+	b, err := s.b.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("reading manifest %s from %s: %w", root, s.b, err)
+	}
+	m, err := Decode(b, root)
+	if err != nil {
+		return nil, err
+	}
+	if s.cache != nil {
+		s.cache.put(key, b)
+	}
+	return m, nil
+}
+
+// HasManifest reports whether the store holds the manifest root names.
+func (s *Store) HasManifest(ctx context.Context, root Hash) (bool, error) {
+	found, err := s.b.Has(ctx, []string{ManifestKey(root)})
+	if err != nil {
+		return false, err
+	}
+	return found[0], nil
+}
+
+// DeleteManifest removes a manifest. Its chunks stay until GC finds that no
+// live manifest names them.
+func (s *Store) DeleteManifest(ctx context.Context, root Hash) error {
+	return s.b.Delete(ctx, ManifestKey(root))
+}
