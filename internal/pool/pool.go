@@ -42,6 +42,9 @@ type Warm struct {
 	Rootfs string
 	Image  string
 	Limits sandbox.Limits
+	// Ready, if set, is how many ready boxes to keep of it instead of
+	// Config.Ready (a custom template's own number, possibly 0).
+	Ready *int
 }
 
 // Pool is safe for concurrent use.
@@ -97,6 +100,18 @@ func (p *Pool) SetWarm(name string, w Warm) {
 	p.poke()
 }
 
+// RemoveWarm forgets a template's warm image and destroys its ready boxes.
+func (p *Pool) RemoveWarm(name string) {
+	p.mu.Lock()
+	delete(p.warm, name)
+	bs := p.ready[name]
+	delete(p.ready, name)
+	p.mu.Unlock()
+	for _, b := range bs {
+		p.f.Destroy(context.Background(), b)
+	}
+}
+
 // Warm returns the template's warm image, if it has one.
 func (p *Pool) Warm(name string) (Warm, bool) {
 	p.mu.Lock()
@@ -150,7 +165,11 @@ func (p *Pool) next() (name string, w Warm, shell bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for n, img := range p.warm {
-		if len(p.ready[n]) < p.cfg.Ready && time.Now().After(p.readyBackoff) {
+		target := p.cfg.Ready
+		if img.Ready != nil {
+			target = *img.Ready
+		}
+		if len(p.ready[n]) < target && time.Now().After(p.readyBackoff) {
 			return n, img, false
 		}
 	}
