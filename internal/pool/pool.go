@@ -100,7 +100,8 @@ func (p *Pool) SetWarm(name string, w Warm) {
 	p.poke()
 }
 
-// RemoveWarm forgets a template's warm image and destroys its ready boxes.
+// RemoveWarm forgets a template's warm image and destroys its ready boxes
+// (off the caller's path).
 func (p *Pool) RemoveWarm(name string) {
 	p.mu.Lock()
 	delete(p.warm, name)
@@ -108,7 +109,7 @@ func (p *Pool) RemoveWarm(name string) {
 	delete(p.ready, name)
 	p.mu.Unlock()
 	for _, b := range bs {
-		p.f.Destroy(context.Background(), b)
+		p.f.DestroyLater(b, 0)
 	}
 }
 
@@ -232,7 +233,13 @@ func (p *Pool) fillOne() bool {
 			p.mu.Unlock()
 			return true // shells may still be refilled
 		}
-		return p.add(func() { p.ready[name] = append(p.ready[name], b) }, b)
+		return p.add(func() bool {
+			if cur, ok := p.warm[name]; !ok || cur.Image != w.Image {
+				return false // the template went or changed meanwhile
+			}
+			p.ready[name] = append(p.ready[name], b)
+			return true
+		}, b)
 	}
 	p.mu.Lock()
 	rootfs, limits := p.shellRootfs, p.shellLimits
@@ -247,18 +254,17 @@ func (p *Pool) fillOne() bool {
 		p.log.Error("preparing shell", "err", err)
 		return false
 	}
-	return p.add(func() { p.shells = append(p.shells, b) }, b)
+	return p.add(func() bool { p.shells = append(p.shells, b); return true }, b)
 }
 
 // add stores b unless the pool was closed meanwhile.
-func (p *Pool) add(store func(), b *box.Box) bool {
+func (p *Pool) add(store func() bool, b *box.Box) bool {
 	p.mu.Lock()
-	if p.stopped.Err() != nil {
+	if p.stopped.Err() != nil || !store() {
 		p.mu.Unlock()
 		p.f.Destroy(context.Background(), b)
 		return false
 	}
-	store()
 	p.mu.Unlock()
 	return true
 }

@@ -371,6 +371,10 @@ func (s *Service) PutFile(idOrName, hash string, r io.Reader) error {
 // /v2/templates/{id}/builds/{build}). It runs in the background; BuildInfo
 // reports on it.
 func (s *Service) StartBuild(idOrName, buildID string, spec build.Spec) error {
+	warnings, err := s.applyDockerfile(&spec)
+	if err != nil {
+		return err
+	}
 	if err := spec.Validate(); err != nil {
 		return err
 	}
@@ -403,6 +407,9 @@ func (s *Service) StartBuild(idOrName, buildID string, spec build.Spec) error {
 	lg, err := openBuildLog(s.buildDir(b.ID))
 	if err != nil {
 		return err
+	}
+	for _, w := range warnings {
+		lg.add(LogEntry{Timestamp: time.Now().UTC(), Level: "warn", Message: "Dockerfile: " + w, Step: build.StepBase})
 	}
 	now := time.Now().UTC()
 	b.Status, b.UpdatedAt, b.Spec = StatusBuilding, now, &stored

@@ -368,6 +368,10 @@ func (b *Builder) inSandbox(ctx context.Context, chain []string, key string, c C
 		return nil, c, err
 	}
 	box.Destroy(context.WithoutCancel(ctx))
+	// The watch samples; a step that wrote fast may have ended between.
+	if n, _ := layers.DiskUsage(nil, p.Diff()); n > b.cfg.MaxLayerBytes {
+		return nil, c, errdefs.New(errdefs.ErrResourceExhausted, "the step wrote %d MiB, more than the build disk limit of %d MiB", n>>20, b.cfg.MaxLayerBytes>>20)
+	}
 	l, err := p.Commit(what, nc)
 	if err != nil {
 		return nil, c, err

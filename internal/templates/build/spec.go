@@ -34,6 +34,13 @@ type Spec struct {
 	Steps         []Step `json:"steps"`
 	StartCmd      string `json:"startCmd,omitempty"`
 	ReadyCmd      string `json:"readyCmd,omitempty"`
+	// Dockerfile (ours) is converted into the base, steps and start
+	// command before the build (internal/templates/dockerfile), its COPY
+	// sources taken from the uploaded build context DockerfileContext (a
+	// files hash), its ARGs set from BuildArgs.
+	Dockerfile        string            `json:"dockerfile,omitempty"`
+	DockerfileContext string            `json:"dockerfileContext,omitempty"`
+	BuildArgs         map[string]string `json:"buildArgs,omitempty"`
 }
 
 // Registry holds the credentials for FromImage, as E2B's FromImageRegistry.
@@ -55,6 +62,10 @@ type Step struct {
 	Args      []string `json:"args"`
 	FilesHash string   `json:"filesHash,omitempty"`
 	Force     bool     `json:"force,omitempty"`
+	// Digest (ours) identifies a COPY's files inside a larger upload (a
+	// Dockerfile's build context): the cache key uses it, not the
+	// upload's hash, so a change elsewhere in the context keeps the cache.
+	Digest string `json:"digest,omitempty"`
 }
 
 // Step types.
@@ -89,6 +100,9 @@ func invalid(format string, args ...any) error {
 // Validate checks the spec's shape (not whether its image or files exist:
 // the build reports those).
 func (s *Spec) Validate() error {
+	if s.Dockerfile != "" {
+		return invalid("a Dockerfile must be converted before the build (dockerfile.Apply)")
+	}
 	n := 0
 	for _, f := range []string{s.FromImage, s.FromTemplate, s.FromImageFile} {
 		if f != "" {
@@ -267,11 +281,15 @@ func (c Context) canonical() string {
 // canonical is the step as part of a cache key (force is not: it only
 // decides whether the cache is read).
 func (st Step) canonical() string {
+	files := st.FilesHash
+	if st.Digest != "" {
+		files = "digest:" + st.Digest
+	}
 	b, _ := json.Marshal(struct {
 		Type  string   `json:"type"`
 		Args  []string `json:"args"`
 		Files string   `json:"files,omitempty"`
-	}{strings.ToUpper(st.Type), st.Args, st.FilesHash})
+	}{strings.ToUpper(st.Type), st.Args, files})
 	return string(b)
 }
 

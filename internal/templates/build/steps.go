@@ -30,7 +30,7 @@ if ! id -u user >/dev/null 2>&1; then
     adduser -D -u 1000 -s "$sh" user 2>/dev/null || adduser -D -s "$sh" user
   else
     echo "user:x:1000:1000::/home/user:$sh" >> /etc/passwd
-    echo "user:x:1000:" >> /etc/group
+    grep -q '^user:' /etc/group 2>/dev/null || echo "user:x:1000:" >> /etc/group
   fi
 fi
 home=$(awk -F: '$1=="user"{print $6}' /etc/passwd 2>/dev/null || echo /home/user)
@@ -103,12 +103,18 @@ exit 0`, shellQuote(dir), shellQuote(c.User))
 		user := st.Args[0]
 		sudo := len(st.Args) >= 2 && st.Args[1] == "true"
 		return b.inSandbox(ctx, chain, key, c, st.String(), func(ctx context.Context, a *agent, shell string) (Context, error) {
-			u := shellQuote(user)
+			u := user // validated: letters, digits, '.', '_', '-' (a plain shell word)
 			script := fmt.Sprintf(`set -e
 if ! id -u %[1]s >/dev/null 2>&1; then
   sh=/bin/sh; [ -x /bin/bash ] && sh=/bin/bash
   if command -v useradd >/dev/null 2>&1; then useradd --create-home --shell "$sh" %[1]s
-  else adduser -D -s "$sh" %[1]s; fi
+  elif command -v adduser >/dev/null 2>&1; then adduser -D -s "$sh" %[1]s
+  else
+    uid=$(awk -F: '$3>=1000 && $3<60000 && $3>m {m=$3} END {print (m ? m+1 : 1000)}' /etc/passwd)
+    echo "%[1]s:x:$uid:$uid::/home/%[1]s:$sh" >> /etc/passwd
+    echo "%[1]s:x:$uid:" >> /etc/group
+    mkdir -p /home/%[1]s && chown "$uid:$uid" /home/%[1]s
+  fi
 fi`, u)
 			if sudo {
 				script += fmt.Sprintf(`
@@ -164,7 +170,8 @@ func (b *Builder) copyStep(ctx context.Context, chain []string, key string, c Co
 		if err := a.upload(ctx, tmp+".tar", r); err != nil {
 			return c, err
 		}
-		script := fmt.Sprintf(copyScript, shellQuote(tmp), shellQuote(path.Join("unpack", globBase(st.Args[0]))),
+		pattern := path.Clean(st.Args[0])
+		script := fmt.Sprintf(copyScript, shellQuote(tmp), shellQuote(pattern), shellQuote(globBase(pattern)),
 			shellQuote(st.Args[1]), shellQuote(owner), shellQuote(mode), shellQuote(c.Workdir), shellQuote(c.User))
 		if err := a.run(ctx, command{shell: "/bin/sh", cmd: script, c: Context{User: "root", Env: c.Env}, out: out}); err != nil {
 			return c, fmt.Errorf("failed to copy %s to %s: %w", st.Args[0], st.Args[1], err)
@@ -174,10 +181,14 @@ func (b *Builder) copyStep(ctx context.Context, chain []string, key string, c Co
 }
 
 // copyScript unpacks the upload in /tmp and moves the source into place
-// (then removes the upload: it must not stay in the layer). Arguments:
-// tmp, source (relative to tmp), target, owner, mode, workdir, user.
+// (then removes the upload: it must not stay in the layer). A source with
+// glob patterns copies each match to the same place under the target as
+// it has under the pattern's plain prefix ("folder/*" to "dst" puts
+// folder/a at dst/a), which is what E2B does with the files its SDKs
+// upload. Arguments: tmp, pattern, its plain prefix, target, owner,
+// mode, workdir, user.
 const copyScript = `set -e
-tmp=%s; src=%s; target=%s; owner=%s; mode=%s; workdir=%s; user=%s
+tmp=%s; pattern=%s; base=%s; target=%s; owner=%s; mode=%s; workdir=%s; user=%s
 trap 'rm -rf "$tmp" "$tmp.tar"' EXIT
 mkdir -p "$tmp/unpack"
 tar -xf "$tmp.tar" -C "$tmp/unpack"
@@ -185,24 +196,40 @@ rm -f "$tmp.tar"
 if [ -z "$workdir" ]; then workdir=$(awk -F: -v u="$user" '$1==u{print $6}' /etc/passwd); fi
 [ -n "$workdir" ] || workdir=/
 case "$target" in /*) ;; *) target="$workdir/$target" ;; esac
-cd "$tmp"
-entry="$src"
-if [ ! -e "$entry" ] && [ ! -L "$entry" ]; then echo "source path does not exist in the upload: ${src#unpack/}" >&2; exit 1; fi
-case "$target" in */) mkdir -p "$target" ;; *) mkdir -p "$(dirname "$target")" ;; esac
-if [ -L "$entry" ]; then
-  chown -h "$owner" "$entry"
-  mv "$entry" "$target"
-elif [ -f "$entry" ]; then
-  chown "$owner" "$entry"
-  [ -z "$mode" ] || chmod "$mode" "$entry"
-  mv "$entry" "$target"
-elif [ -d "$entry" ]; then
-  chown -R "$owner" "$entry"
-  [ -z "$mode" ] || chmod -R "$mode" "$entry"
-  mkdir -p "$target"
-  (cd "$entry" && tar -cf - .) | tar -xf - -C "$target"
+cd "$tmp/unpack"
+# place ENTRY DEST: ENTRY (a file, link or directory) becomes DEST; a
+# directory is merged into an existing one.
+place() {
+  if [ -L "$1" ]; then
+    chown -h "$owner" "$1"; rm -rf "$2"; mv "$1" "$2"
+  elif [ -f "$1" ]; then
+    chown "$owner" "$1"; [ -z "$mode" ] || chmod "$mode" "$1"; rm -rf "$2"; mv "$1" "$2"
+  elif [ -d "$1" ]; then
+    chown -R "$owner" "$1"; [ -z "$mode" ] || chmod -R "$mode" "$1"
+    mkdir -p "$2"; (cd "$1" && tar -cf - .) | tar -xf - -C "$2"
+  else
+    echo "$1 is neither a file, a directory nor a link" >&2; return 1
+  fi
+}
+if [ "$pattern" = "$base" ]; then
+  if [ ! -e "$base" ] && [ ! -L "$base" ]; then echo "source path does not exist in the upload: $pattern" >&2; exit 1; fi
+  case "$target" in
+    */) mkdir -p "$target"; [ -d "$base" ] && ! [ -L "$base" ] && dest="$target" || dest="$target$(basename "$base")" ;;
+    *) mkdir -p "$(dirname "$target")"; dest="$target" ;;
+  esac
+  place "$base" "$dest"
 else
-  echo "source is neither a file, a directory nor a link" >&2; exit 1
+  mkdir -p "$target"; found=0
+  IFS='
+'
+  for e in $pattern; do
+    [ -e "$e" ] || [ -L "$e" ] || continue
+    found=1
+    if [ "$base" = . ]; then rel="$e"; else rel="${e#"$base"/}"; fi
+    mkdir -p "$target/$(dirname "$rel")"
+    place "$e" "$target/$rel"
+  done
+  [ "$found" = 1 ] || { echo "no file in the upload matches $pattern" >&2; exit 1; }
 fi
 `
 
