@@ -49,7 +49,7 @@ func invalid(line int, format string, args ...any) error {
 type vars map[string]string
 
 func (v vars) Get(k string) (string, bool) { s, ok := v[k]; return s, ok }
-func (v vars) Keys() []string             { return slices.Sorted(maps.Keys(v)) }
+func (v vars) Keys() []string              { return slices.Sorted(maps.Keys(v)) }
 
 // Parse converts text. buildArgs set ARG values (an ARG the Dockerfile does
 // not declare is ignored, as by docker build).

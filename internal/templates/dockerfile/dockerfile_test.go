@@ -82,18 +82,18 @@ func TestDefaults(t *testing.T) {
 
 func TestRefusals(t *testing.T) {
 	for name, df := range map[string]string{
-		"no FROM":      "RUN ls",
-		"before FROM":  "RUN ls\nFROM x",
-		"multi-stage":  "FROM a AS b\nFROM c\nCOPY --from=b /x /x",
-		"copy --from":  "FROM a\nCOPY --from=b /x /x",
-		"ADD URL":      "FROM a\nADD https://example.com/x /x",
-		"escape":       "FROM a\nCOPY ../secret /x",
-		"absolute":     "FROM a\nCOPY /etc/passwd /x",
-		"scratch":      "FROM scratch",
-		"RUN --mount":  "FROM a\nRUN --mount=type=cache,target=/x ls",
-		"unknown":      "FROM a\nFOO bar",
-		"empty":        "",
-		"bad var":      "FROM a\nWORKDIR ${x",
+		"no FROM":     "RUN ls",
+		"before FROM": "RUN ls\nFROM x",
+		"multi-stage": "FROM a AS b\nFROM c\nCOPY --from=b /x /x",
+		"copy --from": "FROM a\nCOPY --from=b /x /x",
+		"ADD URL":     "FROM a\nADD https://example.com/x /x",
+		"escape":      "FROM a\nCOPY ../secret /x",
+		"absolute":    "FROM a\nCOPY /etc/passwd /x",
+		"scratch":     "FROM scratch",
+		"RUN --mount": "FROM a\nRUN --mount=type=cache,target=/x ls",
+		"unknown":     "FROM a\nFOO bar",
+		"empty":       "",
+		"bad var":     "FROM a\nWORKDIR ${x",
 	} {
 		_, err := Parse(df, nil)
 		if !errors.Is(err, errdefs.ErrInvalidArgument) || errdefs.UserMessage(err) == "" {
