@@ -126,6 +126,31 @@ func serve(ctx context.Context, args []string) int {
 	return 0
 }
 
+// builtinBuild reports whether `cellfork template ARGS` builds a built-in
+// template's root filesystem on this host (`template build`, with
+// --data-dir or --agent-dir or a built-in name) rather than a custom
+// template on a daemon (internal/cli).
+func builtinBuild(args []string) bool {
+	if len(args) == 0 || args[0] != "build" {
+		return false
+	}
+	rest := args[1:]
+	for i := 0; i < len(rest); i++ {
+		a := strings.TrimPrefix(rest[i], "-")
+		switch {
+		case a == "-data-dir" || a == "data-dir" || a == "-agent-dir" || a == "agent-dir":
+			i++ // its value
+		case strings.HasPrefix(a, "-data-dir=") || strings.HasPrefix(a, "data-dir=") ||
+			strings.HasPrefix(a, "-agent-dir=") || strings.HasPrefix(a, "agent-dir="):
+		default:
+			if _, err := template.Resolve(rest[i]); err != nil {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 func templateCmd(ctx context.Context, args []string) int {
 	if len(args) == 0 || args[0] != "build" {
 		return fatalf("usage: cellfork template build [--data-dir DIR] [NAME]")

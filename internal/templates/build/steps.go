@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"slices"
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -19,8 +20,9 @@ type imageT = v1.Image
 
 // provisionScript readies an image for cellfork (E2B provisions its base
 // images too): the user `user` that commands run as by default, with a
-// home and sudo where sudo exists, and the names and resolver every
-// sandbox has. Plain POSIX sh: images range from Debian to busybox.
+// home and sudo where sudo exists, the names and resolver every sandbox
+// has, and a /bin/bash. Plain POSIX sh: images range from Debian to
+// busybox.
 const provisionScript = `set -e
 if ! id -u user >/dev/null 2>&1; then
   sh=/bin/sh; [ -x /bin/bash ] && sh=/bin/bash
@@ -42,6 +44,12 @@ fi
 printf '127.0.0.1\tlocalhost\n127.0.1.1\tsandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n' > /etc/hosts
 echo sandbox > /etc/hostname
 rm -f /etc/resolv.conf && echo 'nameserver 10.88.0.1' > /etc/resolv.conf
+# The SDKs run every command as /bin/bash -l -c: an image without bash
+# gets its sh under that name.
+if [ ! -e /bin/bash ]; then
+  printf '#!/bin/sh\nexec /bin/sh "$@"\n' > /bin/bash && chmod 755 /bin/bash
+  echo "no bash in the image: /bin/bash runs /bin/sh"
+fi
 echo "provisioned: user $(id -u user), home $home"
 `
 
@@ -58,11 +66,22 @@ func (b *Builder) step(ctx context.Context, job Job, chain []string, key string,
 	}
 	switch strings.ToUpper(st.Type) {
 	case StepEnv:
+		// Only the context changes: an empty layer records it (so the step
+		// is found in the cache like any other), no sandbox runs.
 		nc := c.clone()
 		for i := 0; i+1 < len(st.Args); i += 2 {
 			nc.Env[st.Args[i]] = os.Expand(st.Args[i+1], func(k string) string { return nc.Env[k] })
 		}
-		return chain, nc, nil
+		p, err := b.cfg.Layers.Begin(key, chain[len(chain)-1])
+		if err != nil {
+			return nil, c, err
+		}
+		l, err := p.Commit(st.String(), nc)
+		if err != nil {
+			p.Abort()
+			return nil, c, err
+		}
+		return append(slices.Clone(chain), l.ID), nc, nil
 	case StepRun:
 		return b.inSandbox(ctx, chain, key, c, st.String(), func(ctx context.Context, a *agent, shell string) (Context, error) {
 			rc := c.clone()
