@@ -67,7 +67,7 @@ func (s *Server) routes() {
 // an unknown path.
 func (s *Server) allowedMethods(r *http.Request) []string {
 	var allow []string
-	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodDelete} {
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
 		probe := &http.Request{Method: m, URL: r.URL, Host: r.Host, Header: http.Header{}}
 		if _, pattern := s.mux.Handler(probe); pattern != "" && pattern != "/" {
 			allow = append(allow, m)

@@ -90,6 +90,10 @@ type createTemplateBody struct {
 	Tags     []string `json:"tags"`
 	CPUCount *int     `json:"cpuCount"`
 	MemoryMB *int     `json:"memoryMB"`
+	// Accepted (their types checked) and ignored: one team per daemon;
+	// the disk is --disk-mb, in sandbox memory.
+	TeamID        *string `json:"teamID"`
+	MinFreeDiskMb *int    `json:"minFreeDiskMb"`
 }
 
 func (b *createTemplateBody) request() (templates.CreateRequest, error) {
