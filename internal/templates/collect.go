@@ -76,21 +76,27 @@ func (s *Service) collectLayers(ctx context.Context, maxAge time.Duration, need 
 			}
 		}
 	}
-	var still []string
+	// What goes is removed after the lock is released (a root is tens of
+	// thousands of links): renamed aside first, so a crash never leaves
+	// half a root under a build's name.
+	var still, gone []string
 	for _, dir := range s.st.Removing {
 		if inUse[filepath.Join(dir, "rootfs")] {
 			still = append(still, dir)
 			continue
 		}
 		log := filepath.Join(dir, "log.jsonl")
+		deleted := s.deletedLocked(dir)
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
-			if p := filepath.Join(dir, e.Name()); p != log || s.deletedLocked(dir) {
-				_ = os.RemoveAll(p)
+			if p := filepath.Join(dir, e.Name()); p != log || deleted {
+				if aside := p + ".gone-" + newTemplateID()[:6]; os.Rename(p, aside) == nil {
+					gone = append(gone, aside)
+				}
 			}
 		}
-		if s.deletedLocked(dir) {
-			_ = os.Remove(dir)
+		if deleted {
+			gone = append(gone, dir)
 		}
 	}
 	s.st.Removing = still
@@ -103,6 +109,9 @@ func (s *Service) collectLayers(ctx context.Context, maxAge time.Duration, need 
 	busy := s.active > 0 // a running build may be about to use any layer
 	_ = s.saveLocked()
 	s.mu.Unlock()
+	for _, p := range gone {
+		_ = os.RemoveAll(p)
+	}
 	if busy {
 		return 0
 	}
@@ -128,6 +137,28 @@ func (s *Service) collectLayers(ctx context.Context, maxAge time.Duration, need 
 	}
 	s.removeStaleAgentLayers()
 	return freed
+}
+
+// removeGone removes what a collection renamed aside (`*.gone-*`, in
+// builds/ and in each build's directory) and a crash kept it from removing.
+func removeGone(builds string) {
+	ents, _ := os.ReadDir(builds)
+	for _, e := range ents {
+		p := filepath.Join(builds, e.Name())
+		if strings.Contains(e.Name(), ".gone-") {
+			_ = os.RemoveAll(p)
+			continue
+		}
+		if !e.IsDir() {
+			continue
+		}
+		sub, _ := os.ReadDir(p)
+		for _, f := range sub {
+			if strings.Contains(f.Name(), ".gone-") {
+				_ = os.RemoveAll(filepath.Join(p, f.Name()))
+			}
+		}
+	}
 }
 
 // deletedLocked: dir belongs to no template any more (its log goes too).

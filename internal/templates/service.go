@@ -137,6 +137,7 @@ func Open(cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, log: cfg.Log, slots: make(chan struct{}, cfg.Concurrency), st: st,
 		logs: map[string]*buildLog{}, cancels: map[string]context.CancelFunc{}}
 	s.stopped, s.stop = context.WithCancel(context.Background())
+	removeGone(filepath.Join(cfg.Dir, "builds"))
 	now := time.Now().UTC()
 	for _, t := range st.Templates {
 		for _, b := range t.Builds {

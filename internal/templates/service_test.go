@@ -334,6 +334,36 @@ func TestRestart(t *testing.T) {
 	}
 }
 
+// A crash between a collection's rename aside and its removal leaves
+// *.gone-* entries; the next start removes them and nothing else.
+func TestRestartRemovesGone(t *testing.T) {
+	dir := t.TempDir()
+	s, _, _ := newService(t, dir, nil)
+	_, b, _ := buildOnce(t, s, "keep", "echo")
+	s.Close()
+	bd := s.buildDir(b.ID)
+	left := []string{
+		filepath.Join(bd, "rootfs.gone-abc123", "etc"),
+		filepath.Join(dir, "builds", "b0000.gone-def456", "rootfs"),
+	}
+	for _, d := range left {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newService(t, dir, nil)
+	for _, d := range left {
+		if _, err := os.Stat(filepath.Dir(d)); err == nil {
+			t.Errorf("%s stayed after a restart", filepath.Dir(d))
+		}
+	}
+	for _, p := range []string{filepath.Join(bd, "rootfs"), filepath.Join(bd, "log.jsonl")} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("the start removed a kept build's %s: %v", filepath.Base(p), err)
+		}
+	}
+}
+
 func TestUploads(t *testing.T) {
 	s, _, _ := newService(t, t.TempDir(), nil)
 	tp, _, _ := s.Create(CreateRequest{Name: "up"})
