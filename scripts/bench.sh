@@ -14,6 +14,8 @@
 #         hot run_code, memory; not part of "all")
 #   runsc: bench/runsc_ab.py (two runsc builds side by side: --a DIR --b DIR,
 #         build directories from scripts/build-runsc.sh; not part of all)
+#   templates: bench/templates.py (a custom template built cold and with a
+#         warm cache; create and first request beside base)
 # Options other than --quick belong to one suite; pass them with --suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,9 +29,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$suite" in
-  all|core|fork|noisy|languages|runsc) ;;
+  all|core|fork|noisy|templates|languages|runsc) ;;
   cluster) exec go run ./bench/cluster -bin bin/cellfork -template-dir "${DATA_DIR:-/var/lib/cellfork}/templates" "${args[@]}" ;;
-  *) echo "usage: scripts/bench.sh [--suite all|core|fork|noisy|cluster|languages|runsc] [--quick] [suite options]" >&2; exit 2 ;;
+  *) echo "usage: scripts/bench.sh [--suite all|core|fork|noisy|templates|cluster|languages|runsc] [--quick] [suite options]" >&2; exit 2 ;;
 esac
 . scripts/lib.sh
 if [ "$suite" = runsc ]; then
@@ -42,7 +44,8 @@ export CELLFORK_DATA_DIR="$TEST_TMP/data" CELLFORK_DAEMON_LOG="$TEST_TMP/daemon.
 rc=0
 if [ "$suite" = all ] || [ "$suite" = core ]; then .venv/bin/python bench/bench.py "${args[@]}" || rc=$?; echo; fi
 if [ "$suite" = all ] || [ "$suite" = fork ]; then .venv/bin/python bench/fork.py "${args[@]}" || rc=$?; echo; fi
-if [ "$suite" = all ] || [ "$suite" = noisy ]; then .venv/bin/python bench/noisy.py "${args[@]}" || rc=$?; fi
+if [ "$suite" = all ] || [ "$suite" = noisy ]; then .venv/bin/python bench/noisy.py "${args[@]}" || rc=$?; echo; fi
+if [ "$suite" = all ] || [ "$suite" = templates ]; then .venv/bin/python bench/templates.py "${args[@]}" || rc=$?; fi
 if [ "$suite" = languages ]; then .venv/bin/python bench/languages.py "${args[@]}" || rc=$?; fi
 if [ "$suite" = runsc ]; then .venv/bin/python bench/runsc_ab.py "${args[@]}" || rc=$?; fi
 exit $rc

@@ -16,8 +16,9 @@ need_pkgs=()
 # postgresql-15: the cluster's database (tests start their own server
 # with initdb and pg_ctl); util-linux: nsenter, to run test hosts in
 # network namespaces; chromium and chromium-driver: the dashboard's
-# browser tests (tests/test_dashboard.py).
-for p in debootstrap iproute2 nftables gcc patch python3-venv ca-certificates curl protobuf-compiler postgresql-15 util-linux chromium chromium-driver; do
+# browser tests (tests/test_dashboard.py); busybox-static: what the
+# template tests' images are made of.
+for p in debootstrap iproute2 nftables gcc patch python3-venv ca-certificates curl protobuf-compiler postgresql-15 util-linux chromium chromium-driver busybox-static; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
@@ -45,6 +46,16 @@ if [ "$(cat "$gobin/.versitygw.version" 2>/dev/null)" != "$VERSITYGW_VERSION" ] 
   step "building versitygw $VERSITYGW_VERSION (the chunk store's test S3 server; a few minutes, once)"
   (cd /tmp && go install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION")
   echo "$VERSITYGW_VERSION" > "$gobin/.versitygw.version"
+fi
+
+# The CNCF distribution registry: template tests push images to a local
+# one (nothing reaches Docker Hub).
+REGISTRY_VERSION=v3.1.2
+if [ "$(cat "$LIBDIR/bin/registry.version" 2>/dev/null)" != "$REGISTRY_VERSION" ] || [ ! -x "$LIBDIR/bin/registry" ]; then
+  step "building the distribution registry $REGISTRY_VERSION (for the template tests)"
+  mkdir -p "$LIBDIR/bin"
+  (cd /tmp && GOBIN="$LIBDIR/bin" CGO_ENABLED=0 go install "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION")
+  echo "$REGISTRY_VERSION" > "$LIBDIR/bin/registry.version"
 fi
 
 # runsc is built from its module's source with cellfork's patches

@@ -46,8 +46,13 @@ func main() {
 	ci := codeinterp.New(s, *kernels)
 	ready, startErr := make(chan struct{}), error(nil)
 	go func() {
-		if startErr = ci.StartDefault(); startErr != nil {
-			log.Printf("starting default code context: %v", startErr)
+		// Template build steps run with the code interpreter off: nothing
+		// they do needs it, and its kernel would cost every step a Python
+		// start.
+		if os.Getenv("CELLFORK_CODE_CONTEXT") != "off" {
+			if startErr = ci.StartDefault(); startErr != nil {
+				log.Printf("starting default code context: %v", startErr)
+			}
 		}
 		close(ready)
 	}()

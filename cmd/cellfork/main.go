@@ -24,7 +24,9 @@ func main() {
 		case "serve":
 			os.Exit(serve(ctx, args[1:]))
 		case "template":
-			os.Exit(templateCmd(ctx, args[1:]))
+			if builtinBuild(args[1:]) {
+				os.Exit(templateCmd(ctx, args[1:]))
+			}
 		case "gateway":
 			os.Exit(gatewayCmd(ctx, args[1:]))
 		case "admin":

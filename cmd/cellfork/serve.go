@@ -79,6 +79,23 @@ func serve(ctx context.Context, args []string) int {
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", os.Getenv("CELLFORK_METRICS_ADDR"), "also serve GET /metrics without a key on this address, e.g. 10.0.0.5:9464 (default: only on --addr, behind the API key; env CELLFORK_METRICS_ADDR)")
 	fs.BoolVar(&cfg.Tracing, "tracing", os.Getenv("CELLFORK_TRACING") == "1", "export OpenTelemetry traces over OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_* honoured; also on with OTEL_TRACES_EXPORTER=otlp; env CELLFORK_TRACING=1)")
 	fs.StringVar(&cfg.UpstreamCA, "upstream-ca", os.Getenv("CELLFORK_UPSTREAM_CA"), "PEM file of root certificates the egress proxy trusts, besides the host's, when it connects to hosts with network rules (env CELLFORK_UPSTREAM_CA)")
+	b := &cfg.Build
+	fs.IntVar(&b.CPUs, "build-cpus", 1, "CPUs of each template build step's sandbox")
+	fs.IntVar(&b.MemoryMB, "build-memory-mb", 2048, "memory (MiB) of each template build step's sandbox")
+	fs.IntVar(&b.DiskMB, "build-disk-mb", 8192, "most a template build step (or a base image) may write, in MiB; past it the step is stopped")
+	fs.DurationVar(&b.Timeout, "build-timeout", 30*time.Minute, "longest a whole template build may run")
+	fs.DurationVar(&b.StepTimeout, "build-step-timeout", 15*time.Minute, "longest one template build step may run")
+	fs.DurationVar(&b.ReadyTimeout, "ready-timeout", 5*time.Minute, "longest a template's start command may take to pass its ready check")
+	fs.IntVar(&b.Concurrency, "build-concurrency", 1, "template builds run at once; more wait in line")
+	fs.IntVar(&b.Queue, "build-queue", 16, "template builds that may wait in line before a start is refused with 503")
+	tcapMB := fs.Int64("template-cap-mb", 51200, "disk (MiB) custom templates, their layers and uploads may use; a build over it collects unused layers, then fails with 507 (0 = no cap)")
+	tuploadMB := fs.Int64("template-upload-mb", 4096, "largest file upload for a template build (COPY context, image archive), in MiB")
+	fs.IntVar(&b.PoolReady, "pool-ready-custom", 1, "sandboxes of each custom template kept ready to hand out (0 = none: creates restore its image)")
+	fs.DurationVar(&b.LayerTTL, "layer-ttl", 24*time.Hour, "how long build layers and uploads that no template uses are kept for later builds")
+	b.Mirrors = map[string]string{}
+	fs.Func("registry-mirror", "pull images of REGISTRY from MIRROR instead, as REGISTRY=HOST[:PORT] (repeatable; docker.io is Docker Hub)", func(v string) error {
+		return daemon.ParseMirror(v, b.Mirrors)
+	})
 	verbose := fs.Bool("v", false, "log every request")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -90,6 +107,7 @@ func serve(ctx context.Context, args []string) int {
 	}
 	cfg.MaxUploadBytes = *uploadMB << 20
 	cfg.SnapshotCapBytes = *capMB << 20
+	b.CapBytes, b.UploadBytes = *tcapMB<<20, *tuploadMB<<20
 	if keys := os.Getenv("CELLFORK_API_KEY"); keys != "" {
 		for _, k := range strings.Split(keys, ",") {
 			if k = strings.TrimSpace(k); k != "" {
@@ -106,6 +124,31 @@ func serve(ctx context.Context, args []string) int {
 		return fatalf("%v", err)
 	}
 	return 0
+}
+
+// builtinBuild reports whether `cellfork template ARGS` builds a built-in
+// template's root filesystem on this host (`template build`, with
+// --data-dir or --agent-dir or a built-in name) rather than a custom
+// template on a daemon (internal/cli).
+func builtinBuild(args []string) bool {
+	if len(args) == 0 || args[0] != "build" {
+		return false
+	}
+	rest := args[1:]
+	for i := 0; i < len(rest); i++ {
+		a := strings.TrimPrefix(rest[i], "-")
+		switch {
+		case a == "-data-dir" || a == "data-dir" || a == "-agent-dir" || a == "agent-dir":
+			i++ // its value
+		case strings.HasPrefix(a, "-data-dir=") || strings.HasPrefix(a, "data-dir=") ||
+			strings.HasPrefix(a, "-agent-dir=") || strings.HasPrefix(a, "agent-dir="):
+		default:
+			if _, err := template.Resolve(rest[i]); err != nil {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func templateCmd(ctx context.Context, args []string) int {

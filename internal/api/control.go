@@ -44,13 +44,14 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /snapshots/tree", s.snapshotTree)
 	s.mux.HandleFunc("GET /snapshots/{snapshotID}", s.getSnapshot)
 	s.mux.HandleFunc("DELETE /snapshots/{snapshotID}", s.deleteSnapshot)
-	s.mux.HandleFunc("DELETE /templates/{snapshotID}", s.deleteSnapshot)
+	s.mux.HandleFunc("DELETE /templates/{templateID}", s.deleteTemplate)
 	s.mux.HandleFunc("POST /sandboxes/{id}/fork", s.fork)
 	s.mux.HandleFunc("POST /sandboxes/{id}/rollback", s.rollback)
 	s.mux.HandleFunc("POST /sandboxes/{id}/merge", s.merge)
 	s.mux.HandleFunc("PUT /sandboxes/{id}/network", s.updateNetwork)
 	s.mux.HandleFunc("GET /sandboxes/{id}/network", s.getNetwork)
 	s.opsRoutes()
+	s.templateRoutes() // templates.go
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if allow := s.allowedMethods(r); len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
@@ -66,7 +67,7 @@ func (s *Server) routes() {
 // an unknown path.
 func (s *Server) allowedMethods(r *http.Request) []string {
 	var allow []string
-	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodDelete} {
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
 		probe := &http.Request{Method: m, URL: r.URL, Host: r.Host, Header: http.Header{}}
 		if _, pattern := s.mux.Handler(probe); pattern != "" && pattern != "/" {
 			allow = append(allow, m)

@@ -158,7 +158,11 @@ func documented(doc *openapi3.T, r route) bool {
 func TestOpenAPICoversControlRoutes(t *testing.T) {
 	doc := loadSpec(t)
 	routes := append(muxPatterns(t, "control.go", "routes"), muxPatterns(t, "ops.go", "opsRoutes")...)
+	routes = append(routes, muxPatterns(t, "templates.go", "templateRoutes")...)
 	for _, r := range routes {
+		if r.path == "/templates/{templateID}/{sub}" {
+			continue // serves /templates/{templateID}/tags: TestOpenAPITemplatePathsServed
+		}
 		if !documented(doc, r) {
 			t.Errorf("route %s (control.go routes()) is not in openapi.yaml", r)
 		}
@@ -171,12 +175,36 @@ func TestOpenAPICoversControlRoutes(t *testing.T) {
 		"POST /v2/sandboxes/{id}/connect", "POST /sandboxes/{id}/connect", "GET /sandboxes/{id}/metrics",
 		"POST /sandboxes/{id}/pause", "POST /sandboxes/{id}/resume", "POST /sandboxes/{id}/snapshots",
 		"GET /snapshots", "GET /snapshots/usage", "GET /snapshots/{snapshotID}", "DELETE /snapshots/{snapshotID}",
-		"DELETE /templates/{snapshotID}", "POST /sandboxes/{id}/fork", "POST /sandboxes/{id}/rollback",
+		"DELETE /templates/{templateID}", "POST /sandboxes/{id}/fork", "POST /sandboxes/{id}/rollback",
 		"POST /sandboxes/{id}/merge",
 	} {
 		if !slices.ContainsFunc(routes, func(r route) bool { return r.String() == want }) {
 			t.Errorf("routes() no longer registers %s; update openapi.yaml and this list", want)
 		}
+	}
+}
+
+// TestOpenAPITemplatePathsServed: every documented template operation
+// reaches a handler (some go through a dispatching pattern).
+func TestOpenAPITemplatePathsServed(t *testing.T) {
+	doc := loadSpec(t)
+	srv := New(Config{}, nil, slog.New(slog.DiscardHandler))
+	n := 0
+	for path, item := range doc.Paths.Map() {
+		for method, op := range item.Operations() {
+			if !slices.Contains(op.Tags, "templates") {
+				continue
+			}
+			n++
+			url := regexp.MustCompile(`\{[a-zA-Z]+\}`).ReplaceAllString(path, "x")
+			req := httptest.NewRequest(method, url, nil)
+			if _, pattern := srv.mux.Handler(req); pattern == "" || pattern == "/" {
+				t.Errorf("%s %s is documented but not served", method, path)
+			}
+		}
+	}
+	if n < 15 {
+		t.Errorf("only %d template operations documented", n)
 	}
 }
 
@@ -366,7 +394,7 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		{name: "get snapshot by name", method: "GET", path: "/snapshots/first", specPath: "/snapshots/{snapshotID}", headers: key, want: 200},
 		{name: "get snapshot unknown", method: "GET", path: "/snapshots/nope", specPath: "/snapshots/{snapshotID}", headers: key, want: 404},
 		{name: "delete snapshot unknown", method: "DELETE", path: "/snapshots/nope", specPath: "/snapshots/{snapshotID}", headers: key, want: 404},
-		{name: "delete template unknown", method: "DELETE", path: "/templates/base", specPath: "/templates/{snapshotID}", headers: key, want: 404},
+		{name: "delete template unknown", method: "DELETE", path: "/templates/base", specPath: "/templates/{templateID}", headers: key, want: 404},
 		{name: "fork count 0", method: "POST", path: "/sandboxes/abc/fork", specPath: "/sandboxes/{id}/fork", body: `{"count":0}`, headers: key, want: 400},
 		{name: "fork count over max", method: "POST", path: "/sandboxes/abc/fork", specPath: "/sandboxes/{id}/fork", body: `{"count":5}`, headers: key, want: 400},
 		{name: "fork unknown", method: "POST", path: "/sandboxes/abc/fork", specPath: "/sandboxes/{id}/fork", body: `{"count":2,"timeout":60}`, headers: key, want: 404},
@@ -384,7 +412,7 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 		{name: "merge unknown", method: "POST", path: "/sandboxes/abc/merge", specPath: "/sandboxes/{id}/merge", body: `{"sandboxID":"def"}`, headers: key, want: 404},
 		// Last: deletes a snapshot, by a name with a percent-encoded slash
 		// (as the E2B SDK sends it).
-		{name: "delete snapshot as template", method: "DELETE", path: "/templates/team%2Fchild", specPath: "/templates/{snapshotID}", headers: key, want: 204},
+		{name: "delete snapshot as template", method: "DELETE", path: "/templates/team%2Fchild", specPath: "/templates/{templateID}", headers: key, want: 204},
 		{name: "data plane health, no sandbox", method: "GET", path: "/health", headers: dp("49983"), want: 502},
 		{name: "data plane bad port", method: "GET", path: "/health", headers: map[string]string{"E2b-Sandbox-Id": "abc"}, want: 400},
 		{name: "files, no sandbox", method: "GET", path: "/files?path=/a", specPath: "/files", headers: dp("49983"), want: 502},
@@ -417,54 +445,62 @@ func TestOpenAPIMatchesResponses(t *testing.T) {
 			if specPath == "" {
 				specPath = c.path
 			}
-			item := doc.Paths.Value(specPath)
-			if item == nil || item.GetOperation(c.method) == nil {
-				t.Fatalf("%s %s is not documented", c.method, specPath)
-			}
-			resp := item.GetOperation(c.method).Responses.Status(res.StatusCode)
-			if resp == nil {
-				t.Fatalf("%s %s: status %d is not documented", c.method, specPath, res.StatusCode)
-			}
-			for h := range resp.Value.Headers {
-				if v := resp.Value.Headers[h].Value; v.Required && res.Header.Get(h) == "" {
-					t.Errorf("header %s missing", h)
-				}
-				if sch := resp.Value.Headers[h].Value.Schema; res.Header.Get(h) != "" && sch != nil {
-					if err := sch.Value.VisitJSON(res.Header.Get(h)); err != nil {
-						t.Errorf("header %s = %q: %v", h, res.Header.Get(h), err)
-					}
-				}
-			}
-			if st := res.Header.Get("Server-Timing"); !serverTimingRE.MatchString(st) {
-				t.Errorf("Server-Timing %q is not a list of name;dur=ms ending with total", st)
-			}
-			if res.StatusCode == http.StatusNoContent {
-				if rec.Body.Len() != 0 || len(resp.Value.Content) != 0 {
-					t.Errorf("204 with a body (%d bytes) or documented content", rec.Body.Len())
-				}
-				return
-			}
-			ct, _, _ := strings.Cut(res.Header.Get("Content-Type"), ";")
-			mt := resp.Value.Content.Get(ct)
-			if mt == nil {
-				t.Fatalf("content type %q of status %d is not documented", ct, res.StatusCode)
-			}
-			if ct != "application/json" {
-				return
-			}
-			var body any
-			if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
-				t.Fatalf("body is not JSON: %v: %s", err, rec.Body)
-			}
-			if err := mt.Schema.Value.VisitJSON(body); err != nil {
-				t.Errorf("body %s does not match the documented schema: %v", bytes.TrimSpace(rec.Body.Bytes()), err)
-			}
-			if res.StatusCode >= 400 {
-				if id, _ := body.(map[string]any)["requestId"].(string); id != res.Header.Get("X-Request-Id") {
-					t.Errorf("requestId %q != X-Request-Id %q", id, res.Header.Get("X-Request-Id"))
-				}
-			}
+			checkAgainstDoc(t, doc, c.method, specPath, res, rec.Body.Bytes())
 		})
+	}
+}
+
+// checkAgainstDoc checks one answer against the document: status
+// documented, headers present and valid, JSON body valid against the
+// documented schema, error bodies carrying the request id.
+func checkAgainstDoc(t *testing.T, doc *openapi3.T, method, specPath string, res *http.Response, raw []byte) {
+	t.Helper()
+	item := doc.Paths.Value(specPath)
+	if item == nil || item.GetOperation(method) == nil {
+		t.Fatalf("%s %s is not documented", method, specPath)
+	}
+	resp := item.GetOperation(method).Responses.Status(res.StatusCode)
+	if resp == nil {
+		t.Fatalf("%s %s: status %d is not documented", method, specPath, res.StatusCode)
+	}
+	for h := range resp.Value.Headers {
+		if v := resp.Value.Headers[h].Value; v.Required && res.Header.Get(h) == "" {
+			t.Errorf("header %s missing", h)
+		}
+		if sch := resp.Value.Headers[h].Value.Schema; res.Header.Get(h) != "" && sch != nil {
+			if err := sch.Value.VisitJSON(res.Header.Get(h)); err != nil {
+				t.Errorf("header %s = %q: %v", h, res.Header.Get(h), err)
+			}
+		}
+	}
+	if st := res.Header.Get("Server-Timing"); !serverTimingRE.MatchString(st) {
+		t.Errorf("Server-Timing %q is not a list of name;dur=ms ending with total", st)
+	}
+	if res.StatusCode == http.StatusNoContent || len(resp.Value.Content) == 0 && len(raw) == 0 {
+		if len(raw) != 0 || len(resp.Value.Content) != 0 {
+			t.Errorf("%d with a body (%d bytes) or documented content", res.StatusCode, len(raw))
+		}
+		return
+	}
+	ct, _, _ := strings.Cut(res.Header.Get("Content-Type"), ";")
+	mt := resp.Value.Content.Get(ct)
+	if mt == nil {
+		t.Fatalf("content type %q of status %d is not documented", ct, res.StatusCode)
+	}
+	if ct != "application/json" {
+		return
+	}
+	var body any
+	if err := json.Unmarshal(raw, &body); err != nil {
+		t.Fatalf("body is not JSON: %v: %s", err, raw)
+	}
+	if err := mt.Schema.Value.VisitJSON(body); err != nil {
+		t.Errorf("body %s does not match the documented schema: %v", bytes.TrimSpace(raw), err)
+	}
+	if res.StatusCode >= 400 {
+		if id, _ := body.(map[string]any)["requestId"].(string); id != res.Header.Get("X-Request-Id") {
+			t.Errorf("requestId %q != X-Request-Id %q", id, res.Header.Get("X-Request-Id"))
+		}
 	}
 }
 

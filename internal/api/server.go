@@ -21,6 +21,7 @@ import (
 	"github.com/cellfork/cellfork/internal/api/apitypes"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/metrics"
+	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/telemetry"
 	"github.com/cellfork/cellfork/internal/timing"
 )
@@ -43,6 +44,11 @@ type Config struct {
 	Host    metrics.Source
 	// Tracing makes a span of every request and its phases; nil: off.
 	Tracing *telemetry.Tracing
+	// Templates serves E2B's template API (nil: none, 404).
+	Templates Templates
+	// BuiltinLimits are the built-in templates' sandbox defaults, as
+	// template listings report them.
+	BuiltinLimits map[string]sandbox.Limits
 }
 
 // Authenticator decides who a request comes from.
@@ -94,6 +100,8 @@ type Server struct {
 	m   Backend
 	log *slog.Logger
 	mux *http.ServeMux
+	// uploadKey signs template upload links (templates.go).
+	uploadKey []byte
 }
 
 // New returns the handler.
@@ -101,7 +109,7 @@ func New(cfg Config, m Backend, log *slog.Logger) *Server {
 	if cfg.Auth == nil {
 		cfg.Auth = keyAuth{cfg.APIKeys}
 	}
-	s := &Server{cfg: cfg, m: m, log: log, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, m: m, log: log, mux: http.NewServeMux(), uploadKey: newUploadKey()}
 	s.routes()
 	return s
 }
@@ -269,6 +277,9 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request, reqID string
 	}
 	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && r.URL.Path == "/metrics" && r.Header.Get("X-API-KEY") == "" {
 		r.Header.Set("X-API-KEY", bearer)
+	}
+	if s.signedUpload(r) { // a template upload link carries its own signature
+		return r, true
 	}
 	ctx, msg := s.cfg.Auth.Control(r)
 	if msg != "" {

@@ -40,7 +40,9 @@ func (f *Factory) HandOff(ctx context.Context, b *Box, h HandOff) error {
 	if err := f.fitPids(ctx, b, h.Limits); err != nil {
 		return err
 	}
-	init := envd.InitRequest{EnvVars: h.Envs, DefaultUser: "user", MaxUploadBytes: f.cfg.MaxUploadBytes}
+	// No default user: the agent keeps its image's (`user`, or the one a
+	// custom template's warm image was given when it was made).
+	init := envd.InitRequest{EnvVars: h.Envs, MaxUploadBytes: f.cfg.MaxUploadBytes}
 	trust := f.needsTrust(b, h.Policy)
 	if trust {
 		init.CACert = string(f.cfg.EgressCA)

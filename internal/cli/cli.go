@@ -139,6 +139,8 @@ func (a *app) run(ctx context.Context, args []string) error {
 		return a.pause(ctx, rest)
 	case "resume":
 		return a.resume(ctx, rest)
+	case "template", "templates":
+		return a.template(ctx, rest)
 	default:
 		return &usageError{msg: fmt.Sprintf("unknown command %q", cmd), usage: usageMain}
 	}
@@ -185,6 +187,16 @@ func helpFor(topic []string) error {
 		return &helpRequest{usage: usagePause}
 	case "resume":
 		return &helpRequest{usage: usageResume}
+	case "template", "templates":
+		return &helpRequest{usage: usageTemplate}
+	case "template build":
+		return &helpRequest{usage: usageTemplateBuild}
+	case "template import":
+		return &helpRequest{usage: usageTemplateImport}
+	case "template list":
+		return &helpRequest{usage: usageTemplateList}
+	case "template delete":
+		return &helpRequest{usage: usageTemplateDelete}
 	}
 	return &usageError{msg: fmt.Sprintf("no help for %q", strings.Join(topic, " ")), usage: usageMain}
 }

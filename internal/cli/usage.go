@@ -10,7 +10,10 @@ const usageMain = `Usage: cellfork [global flags] <command> [flags] [args]
 
 Commands:
   serve                         run the daemon
-  template build [NAME]         build a template's root filesystem locally
+  template build --name NAME    build a custom template (Dockerfile, steps file, image)
+  template import FILE          make a template of an image archive (docker save, OCI)
+  template list                 list templates
+  template delete NAME...       delete custom templates
   mcp [--http ADDR]             serve the Model Context Protocol (cellfork mcp --help)
   sandbox create                create a sandbox and print its id
   sandbox list                  list sandboxes
@@ -215,5 +218,64 @@ Resumes sandbox ID if it is paused and prints its id; says so on stderr if it
 was running already. --json: the sandbox, with "resumed": true or false.
 
   --timeout SECS    its new timeout from now (default: the daemon's)
+
+` + globalFlags
+
+const usageTemplate = `Usage: cellfork template <build|import|list|delete> [flags]
+
+  build  --name NAME (-f DOCKERFILE | --steps FILE | --from-image IMAGE | --from-template NAME) [CONTEXT]
+  import --name NAME IMAGE.tar
+  list
+  delete NAME...
+
+(The built-in base template's root filesystem is built on the daemon's
+host by ` + "`cellfork template build --data-dir DIR [base]`" + `.)
+
+` + globalFlags
+
+const usageTemplateBuild = `Usage: cellfork template build --name NAME[:TAG] [flags] [CONTEXT]
+
+Builds a custom template on the daemon and follows its log. CONTEXT
+(default .) is the directory COPY sources are taken from; it is uploaded
+as one archive (without what .dockerignore excludes), once: the daemon
+keeps files by their hash. Prints the template id.
+
+One of:
+  -f, --file DOCKERFILE    FROM, RUN, COPY, ADD (local files), ENV, ARG,
+                           WORKDIR, USER; CMD/ENTRYPOINT is the start
+                           command, HEALTHCHECK CMD its ready check
+  --steps FILE             the template as E2B's build API takes it (JSON:
+                           fromImage or fromTemplate, steps [{type, args}],
+                           startCmd, readyCmd); COPY steps without a
+                           filesHash copy from CONTEXT
+  --from-image IMAGE       an image (Docker Hub, or REGISTRY/REPO:TAG)
+  --from-template NAME     another template (base for the built-in one)
+
+  --build-arg K=V          a Dockerfile ARG (repeatable)
+  --start-cmd CMD          command left running in every sandbox
+  --ready-cmd CMD          retried until it succeeds before the snapshot
+  --cpus N, --memory-mb N  the template's sandbox size
+  --tag TAG                another tag for the build (repeatable)
+  --no-cache               run every step again
+
+` + globalFlags
+
+const usageTemplateImport = `Usage: cellfork template import --name NAME[:TAG] [--start-cmd CMD] [--ready-cmd CMD] IMAGE.tar
+
+Makes a template of an image archive (` + "`docker save`" + ` or an OCI archive):
+uploads it and builds from it. The image gets cellfork's agent, a user
+` + "`user`" + ` and the sandbox's network files; it needs /bin/sh.
+
+` + globalFlags
+
+const usageTemplateList = `Usage: cellfork template list
+
+Lists the built-in and custom templates (--json: the daemon's answer).
+
+` + globalFlags
+
+const usageTemplateDelete = `Usage: cellfork template delete NAME...
+
+Deletes custom templates. Sandboxes created from them keep running.
 
 ` + globalFlags

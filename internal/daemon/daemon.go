@@ -35,6 +35,7 @@ import (
 	"github.com/cellfork/cellfork/internal/store"
 	"github.com/cellfork/cellfork/internal/telemetry"
 	"github.com/cellfork/cellfork/internal/template"
+	"github.com/cellfork/cellfork/internal/templates"
 )
 
 // Config is the whole daemon configuration; flags and environment variables
@@ -65,6 +66,8 @@ type Config struct {
 	// UpstreamCA is a PEM file of root certificates the egress proxy
 	// trusts, besides the host's, for hosts with network rules ("": none).
 	UpstreamCA string
+	// Build configures custom template builds (templates.go).
+	Build BuildConfig
 }
 
 // Validate rejects configurations that cannot work.
@@ -86,6 +89,7 @@ func (c *Config) Validate() error {
 	if c.Cluster.URL != "" && c.Cluster.Region == "" {
 		errs = append(errs, errors.New("--cluster needs --region (the region this host is in)"))
 	}
+	errs = append(errs, c.Build.validate()...)
 	if c.DefaultTimeout <= 0 || c.DefaultTimeout > c.MaxTimeout {
 		errs = append(errs, errors.New("--default-timeout must be positive and at most --max-timeout"))
 	}
@@ -226,6 +230,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		return fmt.Errorf("starting: %w", err)
 	}
 	defer m.Close()
+	var svc *templates.Service
+	if !clustered { // templates of a cluster come with the chunk store (not yet)
+		if svc, err = openTemplates(cfg, m, tpl, log); err != nil {
+			return err
+		}
+		svc.Start()
+		defer svc.Close() // before the manager closes: builds use its sandboxes
+		apiCfg.Templates, apiCfg.BuiltinLimits = svc, cfg.TemplateLimits
+	}
 	if member != nil {
 		mctx, cancel := context.WithCancel(ctx)
 		defer cancel()

@@ -88,6 +88,9 @@ type source struct {
 	// limits are the source's: the template's defaults (its warm image's
 	// disk size among them), or the snapshot's.
 	limits sandbox.Limits
+	// custom is the id of a custom template (custom.go): its warm image
+	// runs its start command, so its disk size is frozen as a snapshot's.
+	custom string
 }
 
 // resolve maps a template id to a source: built-in names and aliases
@@ -103,6 +106,9 @@ func (m *Manager) resolve(ctx context.Context, id string) (source, error) {
 			src.image = w.Image
 		}
 		return src, nil
+	}
+	if src, ok, err := m.resolveCustom(ctx, id); ok || err != nil {
+		return src, err
 	}
 	sn, err := m.findSnapshot(ctx, id)
 	if err != nil {

@@ -52,6 +52,11 @@ func (m *Manager) createLimits(src source, want sandbox.Limits) (sandbox.Limits,
 	if err := l.Check(m.cfg.MaxLimits); err != nil {
 		return l, errdefs.New(errdefs.ErrInvalidArgument, "%v", err)
 	}
+	if src.custom != "" {
+		if err := frozenFits(fmt.Sprintf("template %s", src.custom), sandbox.Limits{DiskMB: src.limits.DiskMB}, l); err != nil {
+			return l, errdefs.New(errdefs.ErrInvalidArgument, "%v", err)
+		}
+	}
 	if sn := src.snapshot; sn != nil {
 		if err := frozenFits(fmt.Sprintf("snapshot %s", sn.ID), src.limits, l); err != nil {
 			return l, errdefs.New(errdefs.ErrInvalidArgument, "%v", err)

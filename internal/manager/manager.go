@@ -106,6 +106,8 @@ type Manager struct {
 	tpl   Templates
 	ids   sandbox.IDs
 	log   *slog.Logger
+	// custom resolves templates built at runtime (custom.go; nil: none).
+	custom CustomTemplates
 
 	// Lock order (a lock may be taken while holding only those above it):
 	//

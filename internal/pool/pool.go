@@ -42,6 +42,9 @@ type Warm struct {
 	Rootfs string
 	Image  string
 	Limits sandbox.Limits
+	// Ready, if set, is how many ready boxes to keep of it instead of
+	// Config.Ready (a custom template's own number, possibly 0).
+	Ready *int
 }
 
 // Pool is safe for concurrent use.
@@ -97,6 +100,19 @@ func (p *Pool) SetWarm(name string, w Warm) {
 	p.poke()
 }
 
+// RemoveWarm forgets a template's warm image and destroys its ready boxes
+// (off the caller's path).
+func (p *Pool) RemoveWarm(name string) {
+	p.mu.Lock()
+	delete(p.warm, name)
+	bs := p.ready[name]
+	delete(p.ready, name)
+	p.mu.Unlock()
+	for _, b := range bs {
+		p.f.DestroyLater(b, 0)
+	}
+}
+
 // Warm returns the template's warm image, if it has one.
 func (p *Pool) Warm(name string) (Warm, bool) {
 	p.mu.Lock()
@@ -150,7 +166,11 @@ func (p *Pool) next() (name string, w Warm, shell bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for n, img := range p.warm {
-		if len(p.ready[n]) < p.cfg.Ready && time.Now().After(p.readyBackoff) {
+		target := p.cfg.Ready
+		if img.Ready != nil {
+			target = *img.Ready
+		}
+		if len(p.ready[n]) < target && time.Now().After(p.readyBackoff) {
 			return n, img, false
 		}
 	}
@@ -213,7 +233,13 @@ func (p *Pool) fillOne() bool {
 			p.mu.Unlock()
 			return true // shells may still be refilled
 		}
-		return p.add(func() { p.ready[name] = append(p.ready[name], b) }, b)
+		return p.add(func() bool {
+			if cur, ok := p.warm[name]; !ok || cur.Image != w.Image {
+				return false // the template went or changed meanwhile
+			}
+			p.ready[name] = append(p.ready[name], b)
+			return true
+		}, b)
 	}
 	p.mu.Lock()
 	rootfs, limits := p.shellRootfs, p.shellLimits
@@ -228,18 +254,17 @@ func (p *Pool) fillOne() bool {
 		p.log.Error("preparing shell", "err", err)
 		return false
 	}
-	return p.add(func() { p.shells = append(p.shells, b) }, b)
+	return p.add(func() bool { p.shells = append(p.shells, b); return true }, b)
 }
 
 // add stores b unless the pool was closed meanwhile.
-func (p *Pool) add(store func(), b *box.Box) bool {
+func (p *Pool) add(store func() bool, b *box.Box) bool {
 	p.mu.Lock()
-	if p.stopped.Err() != nil {
+	if p.stopped.Err() != nil || !store() {
 		p.mu.Unlock()
 		p.f.Destroy(context.Background(), b)
 		return false
 	}
-	store()
 	p.mu.Unlock()
 	return true
 }

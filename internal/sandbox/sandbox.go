@@ -155,6 +155,10 @@ type Spec struct {
 	// sandbox keeps its image's. Zero fields: Limits'; other fields are
 	// unused.
 	InitRlimits Limits
+	// WritableRoot makes the sandbox write straight to Rootfs instead of an
+	// in-memory overlay (a template build step, whose Rootfs is the step's
+	// own overlay mount). Such a sandbox is never checkpointed.
+	WritableRoot bool
 }
 
 // Stats is one resource-usage sample.

@@ -64,6 +64,19 @@ func Names() []string {
 	return names
 }
 
+// Aliases returns the ids that name built-in template name (itself
+// first).
+func Aliases(name string) []string {
+	out := []string{name}
+	for a, n := range aliases {
+		if n == name && a != name {
+			out = append(out, a)
+		}
+	}
+	slices.Sort(out[1:])
+	return out
+}
+
 // Resolve maps a template id (or alias) to a built-in template name.
 func Resolve(id string) (string, error) {
 	if name, ok := aliases[id]; ok {
@@ -168,7 +181,7 @@ func (r *Registry) build(ctx context.Context, name string, progress io.Writer) (
 		}
 	}
 	r.prune(dir, hash, progress)
-	if err := r.installAgent(rootfs); err != nil {
+	if err := r.InstallAgent(rootfs); err != nil {
 		return "", fmt.Errorf("installing agent into template %s: %w", name, err)
 	}
 	return rootfs, nil
@@ -244,9 +257,9 @@ func (r *Registry) AgentPath() (string, error) {
 	return filepath.Join(AgentDir, v, "cellfork-agent"), nil
 }
 
-// installAgent puts this version's agent files in the rootfs (once:
+// InstallAgent puts this version's agent files in the rootfs (once:
 // written beside, then renamed into place) and TmpMarker in /tmp.
-func (r *Registry) installAgent(rootfs string) error {
+func (r *Registry) InstallAgent(rootfs string) error {
 	if err := keepTmpOnRoot(rootfs); err != nil {
 		return err
 	}

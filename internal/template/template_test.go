@@ -86,10 +86,10 @@ func TestAgentVersionsCoexist(t *testing.T) {
 			}
 		}
 		r := NewRegistry(t.TempDir(), dir)
-		if err := r.installAgent(rootfs); err != nil {
+		if err := r.InstallAgent(rootfs); err != nil {
 			t.Fatal(err)
 		}
-		if err := r.installAgent(rootfs); err != nil { // again: a no-op
+		if err := r.InstallAgent(rootfs); err != nil { // again: a no-op
 			t.Fatal(err)
 		}
 		p, err := r.AgentPath()

@@ -147,7 +147,8 @@ func (w lockedBuffer) Write(p []byte) (int, error) {
 }
 
 // testFlags are the main test daemon's flags; later flags win.
-var testFlags = []string{"--max-upload-mb", "1", "-v", "--spill-after", "1s", "--pool-ready", "1", "--pool-shells", "2", "--max-fork", "8"}
+var testFlags = []string{"--max-upload-mb", "1", "-v", "--spill-after", "1s", "--pool-ready", "1", "--pool-shells", "2", "--max-fork", "8",
+	"--build-step-timeout", "20s", "--build-disk-mb", "128"}
 
 func startDaemon(dataDir, addr string) (*daemon, error) {
 	return startDaemonWith(dataDir, addr)

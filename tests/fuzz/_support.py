@@ -72,6 +72,9 @@ class Daemon:
     def delete_snapshot(self, snapshot_id: str) -> None:
         self.http.delete(f"/snapshots/{snapshot_id}")
 
+    def delete_template(self, template_id: str) -> None:
+        self.http.delete(f"/templates/{template_id}")
+
 
 class Live:
     """A live sandbox for the fuzzer to aim at."""

@@ -11,6 +11,7 @@ whatever it would have answered.)
 from __future__ import annotations
 
 import pathlib
+import re
 from typing import Dict, Iterator, Optional, Tuple
 
 import httpx
@@ -47,7 +48,7 @@ DATA = [pytest.param(m, p, _port(op), id=f"{m} {p}") for m, p, op in _operations
 
 
 def _url(path: str) -> str:
-    return path.replace("{id}", "x").replace("{snapshotID}", "x").replace("{method}", "x")
+    return re.sub(r"\{[A-Za-z]+\}", "x", path)
 
 
 def _send(daemon, method: str, path: str, headers: Dict[str, str]) -> httpx.Response:

@@ -119,8 +119,11 @@ def _config() -> Config:
                 # DELETE /snapshots/{snapshotID} serves /snapshots/usage and
                 # /snapshots/tree too (a snapshot of that name, made by an
                 # older daemon), so Allow lists it; the same for DELETE
-                # /sandboxes/{id} and /sandboxes/metrics.
-                "include-operation-id": ["getSnapshotUsage", "getSnapshotTree", "getSandboxesMetrics"],
+                # /sandboxes/{id} and /sandboxes/metrics, and the
+                # /templates/{templateID} routes for /templates/usage and
+                # /templates/tags (a template of that id).
+                "include-operation-id": ["getSnapshotUsage", "getSnapshotTree", "getSandboxesMetrics",
+                                         "getTemplateUsage", "assignTemplateTags", "deleteTemplateTags"],
                 "checks": {"allow_header_conformance": {"enabled": False}},
             },
             {
@@ -200,7 +203,7 @@ code_interpreter = _only(lambda op: _operation_id(op) == "health" or "code-inter
 
 def _undo(daemon: Daemon, case, response) -> None:
     """Kill the sandboxes and delete the snapshots a call made."""
-    if response is None or response.status_code not in (200, 201):
+    if response is None or response.status_code not in (200, 201, 202):
         return
     op = _operation_id(case.operation)
     try:
@@ -215,6 +218,8 @@ def _undo(daemon: Daemon, case, response) -> None:
                 daemon.kill(child["sandbox"].get("sandboxID", ""))
     elif op == "createSnapshot" and isinstance(body, dict) and body.get("snapshotID"):
         daemon.delete_snapshot(body["snapshotID"])
+    elif op in ("createTemplateV3", "createTemplateV2") and isinstance(body, dict) and body.get("templateID"):
+        daemon.delete_template(body["templateID"])
 
 
 def _call_and_validate(case, daemon: Daemon, headers: Dict[str, str]):

@@ -47,7 +47,8 @@ func lookupAccount(s *agent.Settings, name string) (agent.Account, error) {
 	}
 	acc, err := agent.LookupAccount(name)
 	if err != nil {
-		return agent.Account{}, newErr(kindUnauthenticated, "invalid username: %w", err)
+		// Upstream envd's wording, which E2B's template tests match.
+		return agent.Account{}, newErr(kindUnauthenticated, "invalid username: '%s'", name)
 	}
 	return acc, nil
 }

@@ -910,8 +910,14 @@ type TimeoutRequest struct {
 	Timeout *int `json:"timeout"`
 }
 
+// BuildID defines model for BuildID.
+type BuildID = string
+
 // ContextID defines model for ContextID.
 type ContextID = string
+
+// FilesHash defines model for FilesHash.
+type FilesHash = string
 
 // ListLimit defines model for ListLimit.
 type ListLimit = int
@@ -945,6 +951,9 @@ type SandboxPortHeaderOptional = int
 
 // SnapshotID defines model for SnapshotID.
 type SnapshotID = string
+
+// TemplateID defines model for TemplateID.
+type TemplateID = string
 
 // BadRequest E2B error body of the control plane.
 type BadRequest = Error

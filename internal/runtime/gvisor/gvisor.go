@@ -70,11 +70,15 @@ func (r *Runtime) Build() string { return r.build }
 
 // globalFlags are the flags every runsc call gets. The overlay's size
 // (diskMB, 0 = unbounded) only matters to the call that starts or prepares
-// a sandbox: past it, writes to the root fail with ENOSPC.
-func (r *Runtime) globalFlags(logFile string, diskMB int) []string {
+// a sandbox: past it, writes to the root fail with ENOSPC. A writable root
+// has no overlay: writes go to the root directory itself.
+func (r *Runtime) globalFlags(logFile string, diskMB int, writableRoot bool) []string {
 	overlay := "--overlay2=root:memory"
 	if diskMB > 0 {
 		overlay += fmt.Sprintf(",size=%dm", diskMB)
+	}
+	if writableRoot {
+		overlay = "--overlay2=none"
 	}
 	f := []string{
 		"--root=" + r.cfg.Root,
@@ -99,7 +103,7 @@ func (r *Runtime) globalFlags(logFile string, diskMB int) []string {
 func (r *Runtime) runsc(ctx context.Context, timeout time.Duration, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, r.cfg.Runsc, append(r.globalFlags("", 0), args...)...)
+	cmd := exec.CommandContext(ctx, r.cfg.Runsc, append(r.globalFlags("", 0, false), args...)...)
 	cmd.SysProcAttr = diesWithDaemon()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -167,7 +171,7 @@ func (r *Runtime) detached(ctx context.Context, phase string, s sandbox.Spec, ou
 	// caller destroys what it no longer wants once this returns.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
 	defer cancel()
-	full := r.globalFlags(filepath.Join(s.BundleDir, "runsc.log"), s.Limits.DiskMB)
+	full := r.globalFlags(filepath.Join(s.BundleDir, "runsc.log"), s.Limits.DiskMB, s.WritableRoot)
 	if s.RootfsUpper != "" {
 		// Only the boot that seeds its root filesystem from a tar asks
 		// for it: other sandboxes' configuration stays as their images

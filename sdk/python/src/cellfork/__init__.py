@@ -44,13 +44,41 @@ from ._models import (
     WriteInfo,
 )
 from ._version import __version__
+from ._template import (
+    BuildInfo,
+    BuildStatus,
+    LogEntry,
+    ReadyCmd,
+    TemplateBuildError,
+    TemplateInfo,
+    wait_for_file,
+    wait_for_port,
+    wait_for_process,
+    wait_for_timeout,
+    wait_for_url,
+)
 from .async_sandbox import AsyncCommandHandle, AsyncCommands, AsyncFiles, AsyncSandbox
+from .async_template import AsyncTemplate
 from .sandbox import CommandHandle, Commands, Files, Sandbox
+from .template import Template
 
 __all__ = [
     "__version__",
     "Sandbox",
     "AsyncSandbox",
+    "Template",
+    "AsyncTemplate",
+    "ReadyCmd",
+    "wait_for_port",
+    "wait_for_url",
+    "wait_for_process",
+    "wait_for_file",
+    "wait_for_timeout",
+    "BuildInfo",
+    "BuildStatus",
+    "LogEntry",
+    "TemplateInfo",
+    "TemplateBuildError",
     "Commands",
     "AsyncCommands",
     "Files",

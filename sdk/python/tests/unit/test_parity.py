@@ -10,10 +10,12 @@ from cellfork import (
     AsyncCommands,
     AsyncFiles,
     AsyncSandbox,
+    AsyncTemplate,
     CommandHandle,
     Commands,
     Files,
     Sandbox,
+    Template,
 )
 
 PAIRS = [
@@ -65,3 +67,20 @@ def test_context_managers_match(sync_cls, async_cls):
     for s_name, a_name in CONTEXT_MANAGERS.items():
         assert hasattr(sync_cls, s_name) == hasattr(async_cls, a_name)
 
+
+
+def test_templates_are_twins():
+    """Template and AsyncTemplate share the builder (sync in both) and have
+    the same class methods, async where the sync side does I/O."""
+    assert sorted(_public(Template)) == sorted(_public(AsyncTemplate))
+    for name in vars(Template):
+        if name.startswith("_"):
+            continue
+        s, a = inspect.getattr_static(Template, name), inspect.getattr_static(AsyncTemplate, name)
+        assert type(s) is type(a), name
+        s_fn, a_fn = s.__func__, a.__func__
+        assert _params(s_fn) == _params(a_fn), name
+        assert not inspect.iscoroutinefunction(s_fn), name
+        assert inspect.iscoroutinefunction(a_fn), f"AsyncTemplate.{name} must be async"
+    assert set(vars(Template)) - {"__doc__", "__module__", "__qualname__", "__firstlineno__", "__static_attributes__"} == \
+        set(vars(AsyncTemplate)) - {"__doc__", "__module__", "__qualname__", "__firstlineno__", "__static_attributes__"}
