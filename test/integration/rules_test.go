@@ -89,8 +89,12 @@ print(u.urlopen(u.Request("https://allowed.test/echo", headers={"Authorization":
 		}
 	}
 	// The code interpreter's processes trust the CA too.
-	out := stdoutOf(runCode(t, sb, `from pip._vendor import requests
-print(requests.get("https://allowed.test/echo", timeout=10).text)`))
+	ev := runCode(t, sb, `from pip._vendor import requests
+print(requests.get("https://allowed.test/echo", timeout=10).text)`)
+	out := stdoutOf(ev)
+	if strings.TrimSpace(out) == "" {
+		t.Fatalf("run_code printed nothing: %v", ev)
+	}
 	if e := echoed(t, "run_code", out); e.Headers.Get("Authorization") != netnstest.Digest(secret) {
 		t.Errorf("run_code: the host saw %+v", e.Headers)
 	}
