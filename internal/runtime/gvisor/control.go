@@ -138,6 +138,9 @@ func readReply(conn *net.UnixConn) ([]byte, []*os.File, error) {
 	oob := make([]byte, unix.CmsgSpace(128*4))
 	for {
 		n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+		// A failed read (the sentry died mid-reply: ECONNRESET) may report
+		// n = -1.
+		n, oobn = max(n, 0), max(oobn, 0)
 		if oobn > 0 {
 			msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
 			for _, m := range msgs {
