@@ -294,7 +294,7 @@ func (s syncStore) PutSnapshot(ctx context.Context, sn *sandbox.Snapshot) error 
 	if err := s.Store.PutSnapshot(ctx, sn); err != nil {
 		return err
 	}
-	s.m.mark(s.m.snaps, sn.ID)
+	s.m.syncSnapshotNow(ctx, sn.ID)
 	return nil
 }
 
@@ -302,8 +302,24 @@ func (s syncStore) DeleteSnapshot(ctx context.Context, id string) error {
 	if err := s.Store.DeleteSnapshot(ctx, id); err != nil {
 		return err
 	}
-	s.m.mark(s.m.snaps, id)
+	s.m.syncSnapshotNow(ctx, id)
 	return nil
+}
+
+// syncSnapshotNow syncs a snapshot's row before its operation answers (a
+// create from it, through any gateway, may follow at once), as syncNow
+// does a sandbox's.
+func (m *Member) syncSnapshotNow(ctx context.Context, id string) {
+	if m.db == nil || !m.healthy.Load() {
+		m.mark(m.snaps, id)
+		return
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 500*time.Millisecond)
+	defer cancel()
+	if err := m.syncSnapshot(sctx, id); err != nil {
+		m.healthy.Store(false)
+		m.mark(m.snaps, id)
+	}
 }
 
 func (m *Member) mark(set map[string]bool, id string) {

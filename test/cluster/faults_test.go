@@ -271,7 +271,8 @@ func testCreateFailsOver(t *testing.T) {
 		}
 	}()
 	r = do(t, "eu", "POST", "/v2/sandboxes", body, key)
-	if r.status != http.StatusCreated || jsonOf(r, &sb) != nil || inUS(sb.ID) {
+	var moved sandbox
+	if r.status != http.StatusCreated || jsonOf(r, &moved) != nil || inUS(moved.ID) {
 		t.Errorf("a create while its default region's gateway is down: %d %s", r.status, r.body)
 	}
 	kill(r)
