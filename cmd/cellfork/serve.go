@@ -79,6 +79,10 @@ func serve(ctx context.Context, args []string) int {
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", os.Getenv("CELLFORK_METRICS_ADDR"), "also serve GET /metrics without a key on this address, e.g. 10.0.0.5:9464 (default: only on --addr, behind the API key; env CELLFORK_METRICS_ADDR)")
 	fs.BoolVar(&cfg.Tracing, "tracing", os.Getenv("CELLFORK_TRACING") == "1", "export OpenTelemetry traces over OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_* honoured; also on with OTEL_TRACES_EXPORTER=otlp; env CELLFORK_TRACING=1)")
 	fs.StringVar(&cfg.UpstreamCA, "upstream-ca", os.Getenv("CELLFORK_UPSTREAM_CA"), "PEM file of root certificates the egress proxy trusts, besides the host's, when it connects to hosts with network rules (env CELLFORK_UPSTREAM_CA)")
+	fs.StringVar(&cfg.Store.URL, "store", os.Getenv("CELLFORK_STORE"), "chunk store snapshot images are uploaded to: file:///dir or s3://bucket/prefix (AWS_ENDPOINT_URL_S3, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY honoured), or none (default file://DATA_DIR/store; env CELLFORK_STORE)")
+	storeCacheMB := fs.Int64("store-cache-mb", 4096, "budget (MiB) of the host-local chunk cache of an s3:// store, in DATA_DIR/store-cache (0 = no cache)")
+	fs.DurationVar(&cfg.StoreGCInterval, "store-gc-interval", 10*time.Minute, "how often the chunk store is collected (0 = never)")
+	fs.DurationVar(&cfg.StoreGCGrace, "store-gc-grace", time.Hour, "how old chunks and manifests that no snapshot names must be before a collection deletes them")
 	b := &cfg.Build
 	fs.IntVar(&b.CPUs, "build-cpus", 1, "CPUs of each template build step's sandbox")
 	fs.IntVar(&b.MemoryMB, "build-memory-mb", 2048, "memory (MiB) of each template build step's sandbox")
@@ -107,6 +111,7 @@ func serve(ctx context.Context, args []string) int {
 	}
 	cfg.MaxUploadBytes = *uploadMB << 20
 	cfg.SnapshotCapBytes = *capMB << 20
+	cfg.Store.CacheBytes = *storeCacheMB << 20
 	b.CapBytes, b.UploadBytes = *tcapMB<<20, *tuploadMB<<20
 	if keys := os.Getenv("CELLFORK_API_KEY"); keys != "" {
 		for _, k := range strings.Split(keys, ",") {

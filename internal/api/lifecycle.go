@@ -35,7 +35,9 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 // snapshotJSON is E2B's SnapshotInfo plus our tree fields.
 func snapshotJSON(sn *sandbox.Snapshot) apitypes.Snapshot {
 	b := apitypes.Snapshot{SnapshotID: sn.ID, Names: sn.Names, ParentID: apitypes.Optional(sn.ParentID),
-		SandboxID: sn.SandboxID, TemplateID: sn.TemplateID, SizeBytes: sn.SizeBytes, CreatedAt: sn.CreatedAt}
+		SandboxID: sn.SandboxID, TemplateID: sn.TemplateID, SizeBytes: sn.SizeBytes, CreatedAt: sn.CreatedAt,
+		UploadState: apitypes.Optional(apitypes.SnapshotUploadState(sn.Upload)), StoreRoot: apitypes.Optional(sn.StoreRoot),
+		UploadError: apitypes.Optional(sn.UploadError)}
 	if b.Names == nil {
 		b.Names = []string{}
 	}

@@ -327,6 +327,10 @@ func statusOf(err error) int {
 		return http.StatusForbidden
 	case errors.Is(err, errdefs.ErrLimitReached):
 		return http.StatusTooManyRequests
+	case errors.Is(err, errdefs.ErrCorrupt):
+		// Stored bytes failed their check (a snapshot's image in the chunk
+		// store): the server's data, not the request, is at fault.
+		return http.StatusInternalServerError
 	}
 	return http.StatusInternalServerError
 }

@@ -61,6 +61,7 @@ func snapshotForest(all []*sandbox.Snapshot) []apitypes.SnapshotNode {
 			b := snapshotJSON(sn)
 			out = append(out, apitypes.SnapshotNode{SnapshotID: b.SnapshotID, Names: b.Names, ParentID: b.ParentID,
 				SandboxID: b.SandboxID, TemplateID: b.TemplateID, SizeBytes: b.SizeBytes, CreatedAt: b.CreatedAt,
+				UploadState: (*apitypes.SnapshotNodeUploadState)(b.UploadState), StoreRoot: b.StoreRoot, UploadError: b.UploadError,
 				Children: nodes(children[sn.ID])})
 		}
 		return out

@@ -68,6 +68,8 @@ type Config struct {
 	UpstreamCA string
 	// Build configures custom template builds (templates.go).
 	Build BuildConfig
+	// Store is the chunk store snapshot images are uploaded to (images.go).
+	Store StoreConfig
 }
 
 // Validate rejects configurations that cannot work.
@@ -90,6 +92,10 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("--cluster needs --region (the region this host is in)"))
 	}
 	errs = append(errs, c.Build.validate()...)
+	errs = append(errs, c.Store.validate()...)
+	if c.StoreGCInterval < 0 || c.StoreGCGrace < 0 {
+		errs = append(errs, errors.New("--store-gc-interval and --store-gc-grace must not be negative"))
+	}
 	if c.DefaultTimeout <= 0 || c.DefaultTimeout > c.MaxTimeout {
 		errs = append(errs, errors.New("--default-timeout must be positive and at most --max-timeout"))
 	}
@@ -202,8 +208,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	if err != nil {
 		return err
 	}
+	images, where, err := openImages(ctx, cfg.Store, cfg.DataDir, log)
+	if err != nil {
+		return err
+	}
+	if images != nil {
+		log.Info("snapshot images are uploaded to the chunk store", "store", where)
+	}
 	deps := manager.Deps{
-		Runtime: rt, Store: st, Templates: tpl, Log: log, Agent: box.HTTPAgent{},
+		Runtime: rt, Store: st, Templates: tpl, Log: log, Agent: box.HTTPAgent{}, Images: images,
 		Networks: netns.NewHost(netns.Config{HostBlocked: hostNets, DNS: cfg.DNS, CA: ca, UpstreamRoots: roots}),
 	}
 	apiCfg := api.Config{APIKeys: cfg.APIKeys, Domain: cfg.Domain, MaxUploadBytes: cfg.MaxUploadBytes}

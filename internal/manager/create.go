@@ -216,6 +216,11 @@ func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limit
 	}
 	defer release()
 	timing.Since(ctx, "queue", t0)
+	if src.snapshot != nil {
+		if err := m.ensureImage(ctx, src.snapshot); err != nil {
+			return nil, "", err
+		}
+	}
 	if src.image != "" {
 		b, err := m.pool.Restore(ctx, src.image, src.rootfs, limits)
 		return b, "restore", err

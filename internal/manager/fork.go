@@ -89,6 +89,9 @@ func (m *Manager) restoreOrStandby(ctx context.Context, sn *sandbox.Snapshot, li
 		return nil, err
 	}
 	defer release()
+	if err := m.ensureImage(ctx, sn); err != nil {
+		return nil, err
+	}
 	return m.pool.Restore(ctx, sn.Image, sn.Rootfs, lim)
 }
 

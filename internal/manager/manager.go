@@ -75,6 +75,11 @@ type Config struct {
 	// EgressCA is the certificate (PEM) of the CA the sandboxes' networks
 	// present for hosts with network rules (empty: none).
 	EgressCA []byte
+	// StoreGCInterval is how often the chunk store is collected (0:
+	// never); StoreGCGrace is how old what no snapshot names must be
+	// before a collection deletes it (images.go).
+	StoreGCInterval time.Duration
+	StoreGCGrace    time.Duration
 }
 
 // Templates gives the built-in templates' root filesystems and warm-image
@@ -94,6 +99,9 @@ type Deps struct {
 	Log       *slog.Logger
 	// IDs mints ids and tokens (nil: sandbox.RandomIDs, a single host's).
 	IDs sandbox.IDs
+	// Images is where snapshot images are uploaded to and imported from
+	// (nil: nowhere; a snapshot lives in the data directory only).
+	Images ImageStore
 }
 
 // Manager owns the live sandboxes. Safe for concurrent use.
@@ -108,12 +116,20 @@ type Manager struct {
 	log   *slog.Logger
 	// custom resolves templates built at runtime (custom.go; nil: none).
 	custom CustomTemplates
+	images ImageStore // nil: none
+	up     *uploads
+	// bg is the background work's context (uploads, collections),
+	// cancelled by Close.
+	bg     context.Context
+	cancel context.CancelFunc
 
 	// Lock order (a lock may be taken while holding only those above it):
 	//
-	//	Live.op (two at most, in id order: Merge)
-	//	  Live.mu
-	//	    snap
+	//	uploads.exclusive (images.go)
+	//	  Live.op (two at most, in id order: Merge)
+	//	    a snapshot's import lock (images.go)
+	//	      Live.mu
+	//	        snap
 	//	      mu, and the pool's and the box factory's own (leaves)
 	//
 	// Nothing holding snap or mu waits for a sandbox: code that visits
@@ -144,7 +160,9 @@ func New(cfg Config, d Deps) *Manager {
 	if ids == nil {
 		ids = sandbox.RandomIDs{}
 	}
+	bg, cancel := context.WithCancel(context.Background())
 	return &Manager{cfg: cfg, boxes: boxes, pool: p, adm: p.Admission(), st: d.Store, tpl: d.Templates, ids: ids, log: d.Log,
+		images: d.Images, up: newUploads(), bg: bg, cancel: cancel,
 		live: map[string]*Live{}, tombs: map[string]tomb{}, closing: make(chan struct{})}
 }
 
@@ -152,6 +170,7 @@ func New(cfg Config, d Deps) *Manager {
 func (m *Manager) Start(ctx context.Context) error {
 	m.pool.Start()
 	m.loops.Go(m.sampleLoop)
+	m.startImages(ctx)
 	if err := m.Warm(ctx, "base"); err != nil {
 		// Creates still work: they boot instead of restoring.
 		m.log.Error("no warm image; creates will boot", "template", "base", "err", err)
@@ -163,6 +182,7 @@ func (m *Manager) Start(ctx context.Context) error {
 // keep running; the next daemon adopts them.
 func (m *Manager) Close() {
 	close(m.closing)
+	m.cancel()
 	m.loops.Wait()
 	m.pool.Close()
 	m.boxes.Close()

@@ -60,8 +60,9 @@ func removeUnknown(dir string, keep func(path string) bool) {
 	}
 }
 
-// reconcileSnapshots drops records whose image is gone and images (or
-// half-written ones) without a record.
+// reconcileSnapshots drops records whose image is gone (unless the chunk
+// store holds it: it is imported when used) and images (or half-written
+// or half-imported ones) without a record.
 func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 	all, err := m.st.ListSnapshots(ctx)
 	if err != nil {
@@ -69,6 +70,9 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) error {
 	}
 	keep := map[string]bool{}
 	for _, sn := range all {
+		if !complete(sn.Image) && m.images != nil && sn.Upload == sandbox.UploadDone {
+			continue
+		}
 		if !complete(sn.Image) {
 			m.log.Warn("removing snapshot whose image is gone", "snapshot.id", sn.ID)
 			_ = m.st.DeleteSnapshot(ctx, sn.ID)

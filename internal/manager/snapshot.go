@@ -119,9 +119,15 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snaps
 	if name != "" {
 		sn.Names = []string{name}
 	}
+	if m.images != nil {
+		sn.Upload = sandbox.UploadPending
+	}
 	if err := m.recordSnapshot(ctx, sn); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
+	}
+	if m.images != nil {
+		m.up.push(sid) // off the request path: the image is safe on disk
 	}
 	l.update(func() { l.rec.BaseSnapshot = sid })
 	if err := m.put(ctx, l.rec); err != nil {
@@ -201,6 +207,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, idOrName string) error {
 	}
 	m.pool.DropStandby(sn.ID)
 	m.boxes.RemoveImage(sn.Image)
+	m.forgetStored(sn)
 	m.log.Info("snapshot deleted", "snapshot.id", sn.ID)
 	return nil
 }

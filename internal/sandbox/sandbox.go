@@ -116,7 +116,23 @@ type Snapshot struct {
 	PidsMax   int
 	OpenFiles int
 	Network   Network
+	// Upload is where the image is in the chunk store (empty: the daemon
+	// has no store, or the snapshot predates it). StoreRoot names its
+	// manifest once uploaded; a snapshot whose Image is gone is imported
+	// from it. UploadError says why an upload failed.
+	Upload      UploadState
+	StoreRoot   string
+	UploadError string
 }
+
+// UploadState is how far a snapshot's image is in the chunk store.
+type UploadState string
+
+const (
+	UploadPending UploadState = "uploading" // exported in the background, retried until it succeeds
+	UploadDone    UploadState = "uploaded"  // StoreRoot names its manifest
+	UploadFailed  UploadState = "failed"    // terminal (its image is corrupt or gone); UploadError says why
+)
 
 // Limits returns the sandbox's limits (0 where its record does not say).
 func (s *Sandbox) Limits() Limits {

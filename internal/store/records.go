@@ -78,6 +78,11 @@ type snapshotRecord struct {
 	PidsMax    int               `json:"PidsMax"`
 	OpenFiles  int               `json:"OpenFiles"`
 	Network    networkRecord     `json:"Network"`
+	// Since the chunk store; absent in records of earlier releases (and
+	// of daemons without a store).
+	Upload      string `json:"Upload,omitempty"`
+	StoreRoot   string `json:"StoreRoot,omitempty"`
+	UploadError string `json:"UploadError,omitempty"`
 }
 
 func checkVersion(what string, v int) error {
@@ -141,7 +146,7 @@ func snapshotToRecord(s *sandbox.Snapshot) *snapshotRecord {
 		V: recordVersion, ID: s.ID, Team: s.Team, Names: s.Names, ParentID: s.ParentID, SandboxID: s.SandboxID, TemplateID: s.TemplateID,
 		Rootfs: s.Rootfs, Image: s.Image, SizeBytes: s.SizeBytes, CreatedAt: s.CreatedAt, Envs: s.Envs,
 		CPUCount: s.CPUCount, MemoryMB: s.MemoryMB, DiskMB: s.DiskMB, PidsMax: s.PidsMax, OpenFiles: s.OpenFiles,
-		Network: netRecord(s.Network),
+		Network: netRecord(s.Network), Upload: string(s.Upload), StoreRoot: s.StoreRoot, UploadError: s.UploadError,
 	}
 }
 
@@ -153,6 +158,6 @@ func (r *snapshotRecord) domain() (*sandbox.Snapshot, error) {
 		ID: r.ID, Team: r.Team, Names: r.Names, ParentID: r.ParentID, SandboxID: r.SandboxID, TemplateID: r.TemplateID,
 		Rootfs: r.Rootfs, Image: r.Image, SizeBytes: r.SizeBytes, CreatedAt: r.CreatedAt, Envs: r.Envs,
 		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, PidsMax: r.PidsMax, OpenFiles: r.OpenFiles,
-		Network: r.Network.domain(),
+		Network: r.Network.domain(), Upload: sandbox.UploadState(r.Upload), StoreRoot: r.StoreRoot, UploadError: r.UploadError,
 	}, nil
 }

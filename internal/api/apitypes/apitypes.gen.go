@@ -121,6 +121,48 @@ func (e SandboxLifecycleOnTimeout) Valid() bool {
 	}
 }
 
+// Defines values for SnapshotUploadState.
+const (
+	SnapshotUploadStateFailed    SnapshotUploadState = "failed"
+	SnapshotUploadStateUploaded  SnapshotUploadState = "uploaded"
+	SnapshotUploadStateUploading SnapshotUploadState = "uploading"
+)
+
+// Valid indicates whether the value is a known member of the SnapshotUploadState enum.
+func (e SnapshotUploadState) Valid() bool {
+	switch e {
+	case SnapshotUploadStateFailed:
+		return true
+	case SnapshotUploadStateUploaded:
+		return true
+	case SnapshotUploadStateUploading:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SnapshotNodeUploadState.
+const (
+	SnapshotNodeUploadStateFailed    SnapshotNodeUploadState = "failed"
+	SnapshotNodeUploadStateUploaded  SnapshotNodeUploadState = "uploaded"
+	SnapshotNodeUploadStateUploading SnapshotNodeUploadState = "uploading"
+)
+
+// Valid indicates whether the value is a known member of the SnapshotNodeUploadState enum.
+func (e SnapshotNodeUploadState) Valid() bool {
+	switch e {
+	case SnapshotNodeUploadStateFailed:
+		return true
+	case SnapshotNodeUploadStateUploaded:
+		return true
+	case SnapshotNodeUploadStateUploading:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for ListOrder.
 const (
 	ListOrderAsc  ListOrder = "asc"
@@ -832,11 +874,44 @@ type Snapshot struct {
 	// SnapshotID Example: snapk3m9x2q7w1c5v8b4
 	SnapshotID string `json:"snapshotID"`
 
+	// StoreRoot *cellfork extension.* The root hash (BLAKE3-256) of the image's manifest in the chunk store, once uploaded.
+	//
+	// Example: 9f2c4e0b7d1a3c5e7f9b1d3f5a7c9e1b3d5f7a9c1e3b5d7f9a1c3e5b7d9f1a3c
+	StoreRoot *string `json:"storeRoot,omitempty"`
+
 	// TemplateID The `templateID` of that sandbox.
 	//
 	// Example: code-interpreter-v1
 	TemplateID string `json:"templateID"`
+
+	// UploadError *cellfork extension.* Why the upload failed, when `uploadState` is `failed`.
+	//
+	// Example: its image is corrupt
+	UploadError *string `json:"uploadError,omitempty"`
+
+	// UploadState *cellfork extension.* Where the snapshot's image is in the chunk
+	// store (`--store`): `uploading` (the snapshot answers once its
+	// image is safe on the host's disk; the upload follows in the
+	// background, retried until it succeeds), `uploaded` (`storeRoot`
+	// names it: a host that lacks the image imports it, verified), or
+	// `failed` (for good; `uploadError` says why). Absent when the
+	// daemon has no store (`--store none`).
+	//
+	//
+	// Example: uploaded
+	UploadState *SnapshotUploadState `json:"uploadState,omitempty"`
 }
+
+// SnapshotUploadState *cellfork extension.* Where the snapshot's image is in the chunk
+// store (`--store`): `uploading` (the snapshot answers once its
+// image is safe on the host's disk; the upload follows in the
+// background, retried until it succeeds), `uploaded` (`storeRoot`
+// names it: a host that lacks the image imports it, verified), or
+// `failed` (for good; `uploadError` says why). Absent when the
+// daemon has no store (`--store none`).
+//
+// Example: uploaded
+type SnapshotUploadState string
 
 // SnapshotNode *cellfork extension.* A snapshot in the tree of `GET /snapshots/tree`, with its children.
 type SnapshotNode struct {
@@ -869,11 +944,44 @@ type SnapshotNode struct {
 	// SnapshotID Example: snapk3m9x2q7w1c5v8b4
 	SnapshotID string `json:"snapshotID"`
 
+	// StoreRoot *cellfork extension.* The root hash (BLAKE3-256) of the image's manifest in the chunk store, once uploaded.
+	//
+	// Example: 9f2c4e0b7d1a3c5e7f9b1d3f5a7c9e1b3d5f7a9c1e3b5d7f9a1c3e5b7d9f1a3c
+	StoreRoot *string `json:"storeRoot,omitempty"`
+
 	// TemplateID The `templateID` of that sandbox.
 	//
 	// Example: code-interpreter-v1
 	TemplateID string `json:"templateID"`
+
+	// UploadError *cellfork extension.* Why the upload failed, when `uploadState` is `failed`.
+	//
+	// Example: its image is corrupt
+	UploadError *string `json:"uploadError,omitempty"`
+
+	// UploadState *cellfork extension.* Where the snapshot's image is in the chunk
+	// store (`--store`): `uploading` (the snapshot answers once its
+	// image is safe on the host's disk; the upload follows in the
+	// background, retried until it succeeds), `uploaded` (`storeRoot`
+	// names it: a host that lacks the image imports it, verified), or
+	// `failed` (for good; `uploadError` says why). Absent when the
+	// daemon has no store (`--store none`).
+	//
+	//
+	// Example: uploaded
+	UploadState *SnapshotNodeUploadState `json:"uploadState,omitempty"`
 }
+
+// SnapshotNodeUploadState *cellfork extension.* Where the snapshot's image is in the chunk
+// store (`--store`): `uploading` (the snapshot answers once its
+// image is safe on the host's disk; the upload follows in the
+// background, retried until it succeeds), `uploaded` (`storeRoot`
+// names it: a host that lacks the image imports it, verified), or
+// `failed` (for good; `uploadError` says why). Absent when the
+// daemon has no store (`--store none`).
+//
+// Example: uploaded
+type SnapshotNodeUploadState string
 
 // SnapshotRequest defines model for SnapshotRequest.
 type SnapshotRequest struct {

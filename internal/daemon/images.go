@@ -1,0 +1,118 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/chunkstore"
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/manager"
+)
+
+// StoreConfig is where snapshot images go besides the data directory.
+type StoreConfig struct {
+	// URL is the chunk store: file:///dir or s3://bucket/prefix ("": a
+	// file store in DATA_DIR/store; "none": no store). An s3:// store
+	// reads its endpoint and credentials from the AWS_* variables
+	// (chunkstore.S3ConfigFromEnv).
+	URL string
+	// CacheBytes is the budget of the host-local chunk cache of an s3://
+	// store, in DATA_DIR/store-cache (0: no cache). A file:// store is on
+	// a local disk already and has none.
+	CacheBytes int64
+}
+
+func (c StoreConfig) validate() []error {
+	if c.CacheBytes < 0 {
+		return []error{fmt.Errorf("--store-cache-mb must be at least 0")}
+	}
+	switch c.URL {
+	case "", "none":
+		return nil
+	}
+	u, err := url.Parse(c.URL)
+	if err != nil || (u.Scheme != "file" && u.Scheme != "s3") || (u.Scheme == "s3" && u.Host == "") ||
+		(u.Scheme == "file" && (u.Host != "" || !filepath.IsAbs(u.Path))) {
+		return []error{fmt.Errorf("--store %q: want file:///absolute/dir, s3://bucket/prefix or none", c.URL)}
+	}
+	return nil
+}
+
+// openImages opens the configured chunk store (nil, nil with "none").
+func openImages(ctx context.Context, c StoreConfig, dataDir string, log *slog.Logger) (manager.ImageStore, string, error) {
+	raw := c.URL
+	switch raw {
+	case "none":
+		return nil, "", nil
+	case "":
+		raw = "file://" + filepath.Join(dataDir, "store")
+	}
+	opts := chunkstore.Options{}
+	if u, _ := url.Parse(raw); u != nil && u.Scheme == "s3" && c.CacheBytes > 0 {
+		cache, err := chunkstore.OpenCache(filepath.Join(dataDir, "store-cache"), c.CacheBytes)
+		if err != nil {
+			return nil, "", err
+		}
+		opts.Cache = cache
+	}
+	s, err := chunkstore.Open(ctx, raw, opts)
+	if err != nil {
+		return nil, "", fmt.Errorf("opening the chunk store: %w", err)
+	}
+	return chunkImages{s, log}, s.String(), nil
+}
+
+// chunkImages is the manager's ImageStore over a chunk store.
+type chunkImages struct {
+	s   *chunkstore.Store
+	log *slog.Logger
+}
+
+func (c chunkImages) Export(ctx context.Context, dir string, meta map[string]string) (string, int64, error) {
+	st, err := c.s.Export(ctx, dir, meta)
+	if err != nil {
+		return "", st.TransferredBytes, err
+	}
+	c.log.Debug("image exported", "dir", dir, "stats", st.String())
+	return st.Root.String(), st.TransferredBytes, nil
+}
+
+func (c chunkImages) Import(ctx context.Context, root, dir string) (int64, error) {
+	h, err := chunkstore.ParseHash(root)
+	if err != nil {
+		return 0, fmt.Errorf("manifest root %q: %v: %w", root, err, errdefs.ErrCorrupt)
+	}
+	st, err := c.s.Import(ctx, h, dir)
+	if err != nil {
+		return st.TransferredBytes, err
+	}
+	c.log.Debug("image imported", "dir", dir, "stats", st.String())
+	return st.TransferredBytes, nil
+}
+
+func (c chunkImages) Delete(ctx context.Context, root string) error {
+	h, err := chunkstore.ParseHash(root)
+	if err != nil {
+		return nil // names nothing the store could hold
+	}
+	return c.s.DeleteManifest(ctx, h)
+}
+
+func (c chunkImages) GC(ctx context.Context, live []string, grace time.Duration) (int64, error) {
+	roots := make([]chunkstore.Hash, 0, len(live))
+	for _, r := range live {
+		if h, err := chunkstore.ParseHash(r); err == nil {
+			roots = append(roots, h)
+		}
+	}
+	st, err := c.s.GC(ctx, chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return roots, nil }), grace)
+	if err != nil {
+		return 0, err
+	}
+	c.log.Debug("chunk store collected", "deleted_manifests", st.DeletedManifests, "deleted_chunks", st.DeletedChunks, "freed_bytes", st.BytesFreed)
+	return st.BytesFreed, nil
+}

@@ -1,0 +1,339 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/timing"
+)
+
+// ImageStore keeps snapshot images beyond this host's data directory: the
+// chunk store (internal/chunkstore, adapted by the daemon). A snapshot's
+// image is exported after the snapshot is answered (off the request path,
+// retried until it succeeds), its manifest root recorded on the snapshot;
+// a snapshot whose image directory is gone is imported back from that root
+// before it is restored. Implementations are safe for concurrent use.
+type ImageStore interface {
+	// Export stores the image directory dir and returns the root naming
+	// its manifest and the bytes it had to upload. An error of class
+	// errdefs.ErrCorrupt is terminal; any other may pass on a retry.
+	Export(ctx context.Context, dir string, meta map[string]string) (root string, uploaded int64, err error)
+	// Import rebuilds the image root names into dir, which must not exist
+	// (its parent must), verifying every byte: a chunk that fails is
+	// errdefs.ErrCorrupt and nothing is left at dir. It returns the bytes
+	// it fetched from the store.
+	Import(ctx context.Context, root, dir string) (fetched int64, err error)
+	// Delete removes a manifest; its chunks stay until GC.
+	Delete(ctx context.Context, root string) error
+	// GC deletes the manifests not in live and the chunks no kept
+	// manifest names, older than grace, and returns the bytes freed.
+	GC(ctx context.Context, live []string, grace time.Duration) (freed int64, err error)
+}
+
+// uploads is the manager's side of its ImageStore: the queue of snapshots
+// to export (one export at a time, by one goroutine) and the imports under
+// way. Safe for concurrent use.
+type uploads struct {
+	// exclusive is held by an export from its start to its record's
+	// update, and by a collection: a manifest that was just written is
+	// never collected before the snapshot names it.
+	exclusive sync.Mutex
+
+	mu      sync.Mutex
+	queue   []string               // guarded by mu: snapshot ids, oldest first
+	imports map[string]*sync.Mutex // guarded by mu: per snapshot id
+	wake    chan struct{}          // a send (non-blocking) says the queue grew
+}
+
+func newUploads() *uploads {
+	return &uploads{imports: map[string]*sync.Mutex{}, wake: make(chan struct{}, 1)}
+}
+
+// push queues a snapshot's upload.
+func (u *uploads) push(id string) {
+	u.mu.Lock()
+	u.queue = append(u.queue, id)
+	u.mu.Unlock()
+	select {
+	case u.wake <- struct{}{}:
+	default:
+	}
+}
+
+// pop takes the next queued snapshot, if any.
+func (u *uploads) pop() (string, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.queue) == 0 {
+		return "", false
+	}
+	id := u.queue[0]
+	u.queue = u.queue[1:]
+	return id, true
+}
+
+// importLock returns the lock that serializes the imports of snapshot id.
+func (u *uploads) importLock(id string) *sync.Mutex {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	l := u.imports[id]
+	if l == nil {
+		l = &sync.Mutex{}
+		u.imports[id] = l
+	}
+	return l
+}
+
+func (u *uploads) forget(id string) {
+	u.mu.Lock()
+	delete(u.imports, id)
+	u.mu.Unlock()
+}
+
+// uploadBackoff bounds the wait between two attempts of one upload.
+const (
+	uploadBackoffMin = time.Second
+	uploadBackoffMax = 5 * time.Minute
+)
+
+// startImages resumes the uploads a previous daemon left (and uploads the
+// snapshots taken before the store was configured), then runs the uploader
+// and the collector.
+func (m *Manager) startImages(ctx context.Context) {
+	if m.images == nil {
+		return
+	}
+	all, err := m.st.ListSnapshots(ctx)
+	if err != nil {
+		m.log.Error("listing snapshots to upload", "err", err)
+	}
+	for _, sn := range all {
+		switch sn.Upload {
+		case "":
+			if err := m.setUpload(ctx, sn.ID, func(s *sandbox.Snapshot) { s.Upload = sandbox.UploadPending }); err != nil {
+				m.log.Warn("queueing snapshot upload", "snapshot.id", sn.ID, "err", err)
+				continue
+			}
+			fallthrough
+		case sandbox.UploadPending:
+			m.up.push(sn.ID)
+		}
+	}
+	m.loops.Go(m.uploadLoop)
+	if m.cfg.StoreGCInterval > 0 {
+		m.loops.Go(m.collectLoop)
+	}
+}
+
+// uploadLoop exports queued snapshots, one at a time, until Close.
+func (m *Manager) uploadLoop() {
+	for {
+		id, ok := m.up.pop()
+		if !ok {
+			select {
+			case <-m.closing:
+				return
+			case <-m.up.wake:
+				continue
+			}
+		}
+		m.upload(id)
+	}
+}
+
+// upload exports snapshot id, retrying with backoff until it is uploaded,
+// fails for good, is deleted, or the manager closes.
+func (m *Manager) upload(id string) {
+	wait := uploadBackoffMin
+	for attempt := 1; ; attempt++ {
+		done, err := m.uploadOnce(m.bg, id)
+		if done {
+			return
+		}
+		m.log.Warn("uploading snapshot failed; retrying", "snapshot.id", id, "attempt", attempt, "in", wait.String(), "err", err)
+		select {
+		case <-m.closing:
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, uploadBackoffMax)
+	}
+}
+
+// uploadOnce makes one attempt; done reports that no other is needed.
+func (m *Manager) uploadOnce(ctx context.Context, id string) (done bool, err error) {
+	m.up.exclusive.Lock()
+	defer m.up.exclusive.Unlock()
+	sn, err := m.st.GetSnapshot(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return true, nil // deleted meanwhile
+	}
+	if err != nil {
+		return false, err
+	}
+	if sn.Upload != sandbox.UploadPending {
+		return true, nil
+	}
+	t0 := time.Now()
+	meta := map[string]string{"snapshot": sn.ID, "template": sn.TemplateID, "runsc": m.cfg.RuntimeBuild}
+	root, uploaded, err := m.images.Export(ctx, sn.Image, meta)
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return true, nil // closing: the next daemon resumes it
+	case errors.Is(err, errdefs.ErrCorrupt), errors.Is(err, errdefs.ErrNotFound):
+		if _, gone := m.st.GetSnapshot(ctx, id); gone != nil {
+			return true, nil // its image went with it
+		}
+		m.log.Error("uploading snapshot failed for good", "snapshot.id", id, "err", err)
+		reason := "its image is corrupt"
+		if errors.Is(err, errdefs.ErrNotFound) {
+			reason = "its image is gone from this host"
+		}
+		return true, m.setUpload(ctx, id, func(s *sandbox.Snapshot) { s.Upload, s.UploadError = sandbox.UploadFailed, reason })
+	default:
+		return false, err
+	}
+	err = m.setUpload(ctx, id, func(s *sandbox.Snapshot) { s.Upload, s.StoreRoot, s.UploadError = sandbox.UploadDone, root, "" })
+	if errors.Is(err, errdefs.ErrNotFound) {
+		// Deleted while it was exported: its manifest goes too.
+		if err := m.images.Delete(ctx, root); err != nil {
+			m.log.Warn("deleting the manifest of a deleted snapshot", "snapshot.id", id, "err", err)
+		}
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	m.log.Info("snapshot uploaded", "snapshot.id", id, "root", root, "uploaded_bytes", uploaded, "ms", time.Since(t0).Milliseconds())
+	return true, nil
+}
+
+// setUpload changes a snapshot's upload fields (under snap, which every
+// writer of snapshot records holds); ErrNotFound if it is gone.
+func (m *Manager) setUpload(ctx context.Context, id string, change func(*sandbox.Snapshot)) error {
+	m.snap.Lock()
+	defer m.snap.Unlock()
+	sn, err := m.st.GetSnapshot(ctx, id)
+	if err != nil {
+		return err
+	}
+	change(sn)
+	return m.st.PutSnapshot(ctx, sn)
+}
+
+// ensureImage puts a snapshot's image back in its place from the store
+// when the directory is gone (a host that lost it), verified, before a
+// restore reads it (phase "import" in Server-Timing).
+func (m *Manager) ensureImage(ctx context.Context, sn *sandbox.Snapshot) error {
+	if m.images == nil || complete(sn.Image) {
+		return nil
+	}
+	if sn.Upload != sandbox.UploadDone || sn.StoreRoot == "" {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q: its image is not on this host and was not uploaded to the chunk store", sn.ID)
+	}
+	lock := m.up.importLock(sn.ID)
+	lock.Lock()
+	defer lock.Unlock()
+	if complete(sn.Image) {
+		return nil // imported by another restore meanwhile
+	}
+	if err := os.MkdirAll(filepath.Dir(sn.Image), 0o700); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	fetched, err := m.images.Import(ctx, sn.StoreRoot, sn.Image)
+	timing.Since(ctx, "import", t0)
+	if err != nil {
+		m.log.Error("importing snapshot", "snapshot.id", sn.ID, "root", sn.StoreRoot, "err", err)
+		switch {
+		case errors.Is(err, errdefs.ErrCorrupt):
+			return errdefs.New(errdefs.ErrCorrupt, "snapshot %q: its image in the chunk store failed verification (corrupt data); it will not be restored", sn.ID)
+		case errors.Is(err, errdefs.ErrUnavailable):
+			return errdefs.New(errdefs.ErrUnavailable, "snapshot %q: the chunk store holding its image does not answer; try again later", sn.ID)
+		case errors.Is(err, errdefs.ErrNotFound):
+			return errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q: its image is not on this host and its manifest is not in the chunk store", sn.ID)
+		}
+		return fmt.Errorf("importing snapshot %s: %w", sn.ID, err)
+	}
+	// Deleted while it was imported: its image must not stay behind.
+	if _, err := m.st.GetSnapshot(ctx, sn.ID); err != nil {
+		m.boxes.RemoveImage(sn.Image)
+		return errdefs.New(errdefs.ErrNotFound, "snapshot %q not found", sn.ID)
+	}
+	m.log.Info("snapshot imported", "snapshot.id", sn.ID, "fetched_bytes", fetched, "ms", time.Since(t0).Milliseconds())
+	return nil
+}
+
+// forgetStored drops a deleted snapshot's manifest from the store, off
+// the request path (if that fails, the collector drops it after its grace
+// period: it is no longer live).
+func (m *Manager) forgetStored(sn *sandbox.Snapshot) {
+	if m.images == nil {
+		return
+	}
+	m.up.forget(sn.ID)
+	if sn.StoreRoot == "" {
+		return
+	}
+	m.loops.Go(func() {
+		ctx, cancel := context.WithTimeout(m.bg, time.Minute)
+		defer cancel()
+		if err := m.images.Delete(ctx, sn.StoreRoot); err != nil {
+			m.log.Warn("deleting a snapshot's manifest", "snapshot.id", sn.ID, "root", sn.StoreRoot, "err", err)
+		}
+	})
+}
+
+// collectLoop runs a collection every StoreGCInterval until Close.
+func (m *Manager) collectLoop() {
+	t := time.NewTicker(m.cfg.StoreGCInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.closing:
+			return
+		case <-t.C:
+		}
+		if _, err := m.CollectStore(m.bg); err != nil && m.bg.Err() == nil {
+			m.log.Warn("collecting the chunk store", "err", err)
+		}
+	}
+}
+
+// CollectStore runs one collection of the chunk store: what no snapshot
+// record names (and is older than StoreGCGrace) is deleted. It returns the
+// bytes freed.
+func (m *Manager) CollectStore(ctx context.Context) (int64, error) {
+	if m.images == nil {
+		return 0, nil
+	}
+	m.up.exclusive.Lock()
+	defer m.up.exclusive.Unlock()
+	all, err := m.st.ListSnapshots(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var live []string
+	for _, sn := range all {
+		if sn.StoreRoot != "" {
+			live = append(live, sn.StoreRoot)
+		}
+	}
+	t0 := time.Now()
+	freed, err := m.images.GC(ctx, live, m.cfg.StoreGCGrace)
+	if err != nil {
+		return 0, err
+	}
+	if freed > 0 {
+		m.log.Info("chunk store collected", "freed_bytes", freed, "live", len(live), "ms", time.Since(t0).Milliseconds())
+	}
+	return freed, nil
+}
