@@ -23,6 +23,8 @@ type env struct {
 	dir string
 	cfg Config
 	m   *Manager
+	// images, if set, is the manager's ImageStore (images_test.go).
+	images *memImages
 }
 
 // fakeTemplates has every built-in template built: an empty rootfs.
@@ -81,8 +83,12 @@ func (e *env) start() {
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	e.m = New(e.cfg, Deps{Runtime: e.h, Networks: e.h.Networks(), Agent: e.h.Agent(), Store: e.st,
-		Templates: fakeTemplates{e.dir}, Log: log})
+	d := Deps{Runtime: e.h, Networks: e.h.Networks(), Agent: e.h.Agent(), Store: e.st,
+		Templates: fakeTemplates{e.dir}, Log: log}
+	if e.images != nil {
+		d.Images = e.images
+	}
+	e.m = New(e.cfg, d)
 	ctx := context.Background()
 	if err := e.m.Reconcile(ctx); err != nil {
 		e.t.Fatal(err)

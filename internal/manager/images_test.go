@@ -1,0 +1,312 @@
+package manager
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/sandbox"
+)
+
+// memImages is an ImageStore in memory: a manifest is the image's files.
+// fail, if set, answers Export and Import before they run.
+type memImages struct {
+	mu        sync.Mutex
+	manifests map[string]map[string][]byte
+	exports   int
+	deleted   []string
+	gcLive    [][]string
+	fail      func(op string) error
+}
+
+func newMemImages() *memImages { return &memImages{manifests: map[string]map[string][]byte{}} }
+
+func (s *memImages) failing(op string) error {
+	s.mu.Lock()
+	f := s.fail
+	s.mu.Unlock()
+	if f != nil {
+		return f(op)
+	}
+	return nil
+}
+
+func (s *memImages) Export(ctx context.Context, dir string, meta map[string]string) (string, int64, error) {
+	s.mu.Lock()
+	s.exports++
+	s.mu.Unlock()
+	if err := s.failing("export"); err != nil {
+		return "", 0, err
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return "", 0, fmt.Errorf("image %s: %w", dir, errdefs.ErrNotFound)
+	}
+	files := map[string][]byte{}
+	h := sha256.New()
+	fmt.Fprint(h, meta)
+	var n int64
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return "", 0, err
+		}
+		files[e.Name()] = b
+		fmt.Fprint(h, e.Name(), b)
+		n += int64(len(b))
+	}
+	root := hex.EncodeToString(h.Sum(nil))
+	s.mu.Lock()
+	s.manifests[root] = files
+	s.mu.Unlock()
+	return root, n, nil
+}
+
+func (s *memImages) Import(ctx context.Context, root, dir string) (int64, error) {
+	if err := s.failing("import"); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	files, ok := s.manifests[root]
+	s.mu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("manifest %s: %w", root, errdefs.ErrNotFound)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return 0, err
+	}
+	var n int64
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			return 0, err
+		}
+		n += int64(len(b))
+	}
+	return n, nil
+}
+
+func (s *memImages) Delete(ctx context.Context, root string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.manifests, root)
+	s.deleted = append(s.deleted, root)
+	return nil
+}
+
+func (s *memImages) GC(ctx context.Context, live []string, grace time.Duration) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gcLive = append(s.gcLive, slices.Clone(live))
+	return 0, nil
+}
+
+func (s *memImages) has(root string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.manifests[root]
+	return ok
+}
+
+// newStoreEnv is newEnv with images as the manager's ImageStore.
+func newStoreEnv(t *testing.T, images *memImages) *env {
+	t.Helper()
+	e := newEnv(t, nil)
+	e.m.Close()
+	e.images = images
+	e.start()
+	return e
+}
+
+// waitUpload polls snapshot id until its upload state is want.
+func (e *env) waitUpload(id string, want sandbox.UploadState) *sandbox.Snapshot {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sn, err := e.m.GetSnapshot(context.Background(), id)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if sn.Upload == want {
+			return sn
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("snapshot %s: upload %q (%s), want %q", id, sn.Upload, sn.UploadError, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A snapshot answers "uploading"; its upload follows, retried past a store
+// that does not answer, and records the root. A snapshot whose image is
+// then gone is imported back before a create restores it, with its state.
+func TestSnapshotUploadsAndImports(t *testing.T) {
+	images := newMemImages()
+	down := true
+	images.fail = func(op string) error {
+		if op == "export" && down {
+			down = false
+			return fmt.Errorf("store: %w", errdefs.ErrUnavailable)
+		}
+		return nil
+	}
+	e := newStoreEnv(t, images)
+	sb := e.create(sandbox.CreateRequest{})
+	e.write(sb.ID, "before-upload")
+	sn, err := e.m.Snapshot(context.Background(), sb.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sn.Upload != sandbox.UploadPending || sn.StoreRoot != "" {
+		t.Fatalf("a new snapshot's upload: %q %q", sn.Upload, sn.StoreRoot)
+	}
+	up := e.waitUpload(sn.ID, sandbox.UploadDone)
+	if !images.has(up.StoreRoot) || images.exports != 2 {
+		t.Fatalf("root %s stored %v after %d exports", up.StoreRoot, images.has(up.StoreRoot), images.exports)
+	}
+	if err := os.RemoveAll(up.Image); err != nil {
+		t.Fatal(err)
+	}
+	c, err := e.m.Create(context.Background(), sandbox.CreateRequest{TemplateID: sn.ID})
+	if err != nil {
+		t.Fatalf("create from a snapshot whose image was imported: %v", err)
+	}
+	if got := e.memory(c.ID); got != "before-upload" {
+		t.Errorf("memory %q after the import", got)
+	}
+	if !complete(up.Image) {
+		t.Error("the imported image is not in its place")
+	}
+	// A rollback imports too.
+	e.write(c.ID, "changed")
+	if err := os.RemoveAll(up.Image); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Rollback(context.Background(), c.ID, sn.ID); err != nil {
+		t.Fatalf("rollback onto an imported snapshot: %v", err)
+	}
+	if got := e.memory(c.ID); got != "before-upload" {
+		t.Errorf("memory %q after the rollback", got)
+	}
+	// And after a restart, a snapshot whose image is gone but uploaded
+	// stays (it imports when used).
+	for _, sb := range []string{sb.ID, c.ID} {
+		if err := e.m.Kill(context.Background(), sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.RemoveAll(up.Image); err != nil {
+		t.Fatal(err)
+	}
+	e.restart()
+	c, err = e.m.Create(context.Background(), sandbox.CreateRequest{TemplateID: sn.ID})
+	if err != nil {
+		t.Fatalf("create from an uploaded snapshot without its image after a restart: %v", err)
+	}
+	if got := e.memory(c.ID); got != "before-upload" {
+		t.Errorf("memory %q after the restart's import", got)
+	}
+	// Deleting the snapshot deletes its manifest; collections name the
+	// live roots.
+	if _, err := e.m.CollectStore(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.DeleteSnapshot(context.Background(), sn.ID); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for images.has(up.StoreRoot) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if images.has(up.StoreRoot) {
+		t.Error("a deleted snapshot's manifest stayed in the store")
+	}
+	if _, err := e.m.CollectStore(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	images.mu.Lock()
+	defer images.mu.Unlock()
+	if len(images.gcLive) != 2 || !slices.Equal(images.gcLive[0], []string{up.StoreRoot}) || len(images.gcLive[1]) != 0 {
+		t.Errorf("collections' live roots: %v", images.gcLive)
+	}
+}
+
+// A corrupt image fails its upload for good; a corrupt import is refused
+// with a clear error and leaves nothing in the image's place; a snapshot
+// neither here nor uploaded is a precondition failure.
+func TestCorruptImages(t *testing.T) {
+	images := newMemImages()
+	var mode string
+	images.fail = func(op string) error {
+		images.mu.Lock()
+		defer images.mu.Unlock()
+		if op == mode {
+			return fmt.Errorf("chunk 00ff: %w", errdefs.ErrCorrupt)
+		}
+		return nil
+	}
+	e := newStoreEnv(t, images)
+	sb := e.create(sandbox.CreateRequest{})
+	ok, err := e.m.Snapshot(context.Background(), sb.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitUpload(ok.ID, sandbox.UploadDone)
+	images.mu.Lock()
+	mode = "export"
+	images.mu.Unlock()
+	bad, err := e.m.Snapshot(context.Background(), sb.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sn := e.waitUpload(bad.ID, sandbox.UploadFailed); sn.UploadError != "its image is corrupt" || sn.StoreRoot != "" {
+		t.Errorf("failed upload: %+v", sn)
+	}
+	images.mu.Lock()
+	mode = "import"
+	images.mu.Unlock()
+	for _, sn := range []*sandbox.Snapshot{ok, bad} {
+		if err := os.RemoveAll(sn.Image); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = e.m.Create(context.Background(), sandbox.CreateRequest{TemplateID: ok.ID})
+	if !errors.Is(err, errdefs.ErrCorrupt) || errdefs.UserMessage(err) == "" {
+		t.Errorf("create from a corrupt stored image: %v", err)
+	}
+	if _, err := os.Stat(ok.Image); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused import left %s: %v", ok.Image, err)
+	}
+	_, err = e.m.Create(context.Background(), sandbox.CreateRequest{TemplateID: bad.ID})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("create from a snapshot neither here nor uploaded: %v", err)
+	}
+}
+
+// A restart resumes an upload the previous daemon left pending.
+func TestUploadResumesAfterRestart(t *testing.T) {
+	images := newMemImages()
+	images.fail = func(string) error { return fmt.Errorf("store: %w", errdefs.ErrUnavailable) }
+	e := newStoreEnv(t, images)
+	sb := e.create(sandbox.CreateRequest{})
+	sn, err := e.m.Snapshot(context.Background(), sb.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m.Close()
+	images.mu.Lock()
+	images.fail = nil
+	images.mu.Unlock()
+	e.start()
+	if got := e.waitUpload(sn.ID, sandbox.UploadDone); !images.has(got.StoreRoot) {
+		t.Errorf("resumed upload recorded %s, not in the store", got.StoreRoot)
+	}
+}
