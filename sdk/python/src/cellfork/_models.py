@@ -122,6 +122,13 @@ class SnapshotInfo:
     template_id: str | None = None
     size_bytes: int | None = None
     created_at: datetime | None = None
+    #: where its image is in the daemon's chunk store: "uploading",
+    #: "uploaded" or "failed" (None: the daemon has no store)
+    upload_state: str | None = None
+    #: the root hash of its image's manifest in the chunk store, once uploaded
+    store_root: str | None = None
+    #: why the upload failed, when upload_state is "failed"
+    upload_error: str | None = None
 
     @property
     def snapshot_id(self) -> str:
@@ -140,6 +147,9 @@ class SnapshotInfo:
             template_id=obj.get("templateID") or None,
             size_bytes=int(size) if isinstance(size, (int, float)) else None,
             created_at=parse_time(obj.get("createdAt")),
+            upload_state=obj.get("uploadState") or None,
+            store_root=obj.get("storeRoot") or None,
+            upload_error=obj.get("uploadError") or None,
         )
 
 

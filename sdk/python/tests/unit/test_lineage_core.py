@@ -66,6 +66,11 @@ def test_snapshot_info_from_json():
     # E2B's SnapshotInfo has only the two required keys.
     bare = SnapshotInfo.from_json({"snapshotID": "x", "names": []})
     assert (bare.id, bare.parent_id, bare.size_bytes, bare.created_at) == ("x", None, None, None)
+    assert (s.upload_state, s.store_root, bare.upload_state) == (None, None, None)
+    up = SnapshotInfo.from_json(SNAP | {"uploadState": "uploaded", "storeRoot": "ab" * 32})
+    assert (up.upload_state, up.store_root, up.upload_error) == ("uploaded", "ab" * 32, None)
+    failed = SnapshotInfo.from_json(SNAP | {"uploadState": "failed", "uploadError": "its image is corrupt"})
+    assert (failed.upload_state, failed.upload_error) == ("failed", "its image is corrupt")
     with pytest.raises(ProtocolError):
         SnapshotInfo.from_json({"names": []})
     with pytest.raises(ProtocolError):
