@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/chunkstore"
 	"github.com/cellfork/cellfork/internal/chunkstore/chunkstoretest"
 )
 
@@ -158,23 +159,35 @@ func TestSnapshotThroughFileStore(t *testing.T) {
 		}
 		var after int64
 		eventually(t, 30*time.Second, "collection to free snapshot A's chunks", func() bool {
-			_, after = storeBytes(t, store)
-			return after < before
+			var n int
+			n, after = storeBytes(t, store)
+			return n < chunks
 		})
 		t.Logf("store: %d chunks, %d bytes with A and B; %d bytes after A was deleted and collected", chunks, before, after)
 		if err := os.RemoveAll(filepath.Join(d.dataDir, "snapshots", b.SnapshotID)); err != nil {
 			t.Fatal(err)
 		}
 		cb, _ := createFrom(t, b.SnapshotID)
-		check(t, cb, state{value: "stored-b", pid: stA.pid})
+		stB := state{value: "stored-b", pid: stA.pid}
+		check(t, cb, stB)
+		// A rollback onto a snapshot whose image is gone imports it too.
+		mutate(t, cb, "changed")
+		if err := os.RemoveAll(filepath.Join(d.dataDir, "snapshots", b.SnapshotID)); err != nil {
+			t.Fatal(err)
+		}
+		r := call(t, "POST", "/sandboxes/"+cb.SandboxID+"/rollback", map[string]any{"snapshotID": b.SnapshotID})
+		if r.status != http.StatusOK || timingOf(r.header.Get("Server-Timing"), "import") < 0 {
+			t.Fatalf("rollback onto an imported snapshot: %d %s (Server-Timing %q)", r.status, r.body, r.header.Get("Server-Timing"))
+		}
+		check(t, cb, stB)
 		killNow(t, cb.SandboxID)
 
 		// A corrupt chunk in the store is found and refused.
 		if err := os.RemoveAll(filepath.Join(d.dataDir, "snapshots", b.SnapshotID)); err != nil {
 			t.Fatal(err)
 		}
-		corruptOneChunk(t, store)
-		r := call(t, "POST", "/v2/sandboxes", map[string]any{"templateID": b.SnapshotID, "timeout": 60})
+		corruptOneChunk(t, store, b.StoreRoot)
+		r = call(t, "POST", "/v2/sandboxes", map[string]any{"templateID": b.SnapshotID, "timeout": 60})
 		if r.status != http.StatusInternalServerError || !strings.Contains(r.errMessage(), "corrupt") {
 			t.Errorf("create from a corrupt stored image: %d %s", r.status, r.body)
 		}
@@ -199,19 +212,24 @@ func TestSnapshotThroughFileStore(t *testing.T) {
 	})
 }
 
-// corruptOneChunk flips a byte of one chunk file of a file store.
-func corruptOneChunk(t *testing.T, store string) {
+// corruptOneChunk flips a byte of a chunk of the manifest root names, in
+// a file store.
+func corruptOneChunk(t *testing.T, store, root string) {
 	t.Helper()
-	var victim string
-	_ = filepath.WalkDir(filepath.Join(store, "chunks"), func(p string, e fs.DirEntry, err error) error {
-		if err == nil && !e.IsDir() && victim == "" {
-			victim = p
-		}
-		return nil
-	})
-	if victim == "" {
-		t.Fatal("no chunk in the store")
+	h, err := chunkstore.ParseHash(root)
+	if err != nil {
+		t.Fatal(err)
 	}
+	raw, err := os.ReadFile(filepath.Join(store, chunkstore.ManifestKey(h)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := chunkstore.Decode(raw, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes := m.Hashes()
+	victim := filepath.Join(store, chunkstore.ChunkKey(hashes[len(hashes)/2]))
 	b, err := os.ReadFile(victim)
 	if err != nil {
 		t.Fatal(err)
