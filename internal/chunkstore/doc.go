@@ -48,6 +48,13 @@
 // the bad bytes are never written into an image. A store that does not
 // answer is errdefs.ErrUnavailable, after retries with jittered backoff.
 //
+// # Files cut once
+//
+// With Options.Immutable, Export remembers each file's chunks by its
+// device, inode, size and modification time, and does not cut a file it
+// cut before again (a snapshot's base-*.img is a hard link to a pages file
+// many images share).
+//
 // # Writes are ordered
 //
 // Export uploads only the chunks the store lacks (one batched existence

@@ -62,10 +62,19 @@ func (s *Store) Export(ctx context.Context, dir string, meta map[string]string) 
 		pr.total += info.Size()
 	}
 	for i, name := range names {
-		f, err := s.chunkFile(ctx, filepath.Join(dir, name), name, i, locs, &pr, &st)
+		path := filepath.Join(dir, name)
+		if f, ok := s.recall(path); ok {
+			f.Name = name
+			s.reuseFile(f, i, locs, &pr, &st)
+			m.Files = append(m.Files, f)
+			continue
+		}
+		before, _ := identify(path)
+		f, err := s.chunkFile(ctx, path, name, i, locs, &pr, &st)
 		if err != nil {
 			return st, err
 		}
+		s.rememberFile(path, before, f)
 		m.Files = append(m.Files, f)
 	}
 	phase("export.chunk", tc)

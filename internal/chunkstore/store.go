@@ -38,6 +38,15 @@ type Options struct {
 	// files must then never be written after an import (runsc opens them
 	// read-only), and the cache must be on the images' filesystem.
 	LinkFiles bool
+	// Immutable promises that a file is never written once an export may
+	// read it (gVisor images are written beside their name and renamed
+	// into place, then only read). Export then remembers each file's
+	// chunks by its device, inode, size and modification time, and does
+	// not read or hash a file it cut before again: a base-*.img that every
+	// snapshot of a template holds as a hard link to the same pages file
+	// is cut once per process. (Chunks it uploads are still read and
+	// hashed again.)
+	Immutable bool
 }
 
 // Progress is how far one Export or Import is, in bytes of the phase over
@@ -71,6 +80,11 @@ type Store struct {
 	knownMu    sync.Mutex
 	known      map[Hash]struct{}
 	knownEpoch string
+
+	// With Options.Immutable: files cut before, by identity (memo.go).
+	immutable bool
+	memoMu    sync.Mutex
+	memo      map[fileID]File
 }
 
 // maxKnown bounds the known set (32 bytes a chunk and the map's overhead):
@@ -138,7 +152,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 
 // New returns a Store over b.
 func New(b Backend, opts Options) (*Store, error) {
-	s := &Store{b: b, locker: opts.Locker, cache: opts.Cache, chunking: opts.Chunking, parallel: opts.Parallel, progress: opts.Progress, link: opts.LinkFiles && opts.Cache != nil}
+	s := &Store{b: b, locker: opts.Locker, cache: opts.Cache, chunking: opts.Chunking, parallel: opts.Parallel, progress: opts.Progress, link: opts.LinkFiles && opts.Cache != nil, immutable: opts.Immutable}
 	if s.chunking == (Chunking{}) {
 		s.chunking = DefaultChunking
 	}
@@ -178,6 +192,9 @@ type Stats struct {
 	// Export: distinct chunks whose presence it asked the store about (the
 	// others it had seen there since the last collection).
 	Asked int
+	// Export: files whose chunks it remembered (Options.Immutable) instead
+	// of reading them.
+	Reused int
 	// Chunks uploaded (export) or downloaded (import), and their bytes.
 	Transferred      int
 	TransferredBytes int64
@@ -200,6 +217,9 @@ func (st *Stats) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "root %s: %d files, %d bytes, %d chunks (%d zero, %d distinct, %d present, %d transferred, %d bytes)",
 		st.Root, st.Files, st.Bytes, st.Chunks, st.ZeroChunks, st.Distinct, st.Present, st.Transferred, st.TransferredBytes)
+	if st.Reused > 0 {
+		fmt.Fprintf(&b, ", %d files remembered", st.Reused)
+	}
 	for _, p := range st.Phases {
 		fmt.Fprintf(&b, " %s=%.1fms", p.Name, float64(p.Dur.Microseconds())/1000)
 	}

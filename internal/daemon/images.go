@@ -51,7 +51,10 @@ func openImages(ctx context.Context, c StoreConfig, dataDir string, log *slog.Lo
 	case "":
 		raw = "file://" + filepath.Join(dataDir, "store")
 	}
-	opts := chunkstore.Options{}
+	// Images are written beside their name and renamed into place, then
+	// only read: a snapshot's base-*.img (a hard link to the pages file of
+	// the image it was restored from) is cut once, not at every export.
+	opts := chunkstore.Options{Immutable: true}
 	if u, _ := url.Parse(raw); u != nil && u.Scheme == "s3" && c.CacheBytes > 0 {
 		cache, err := chunkstore.OpenCache(filepath.Join(dataDir, "store-cache"), c.CacheBytes)
 		if err != nil {
