@@ -50,10 +50,10 @@
 //
 // # Files cut once
 //
-// With Options.Immutable, Export remembers each file's chunks by its
-// device, inode, size and modification time, and does not cut a file it
-// cut before again (a snapshot's base-*.img is a hard link to a pages file
-// many images share).
+// With Options.Immutable, Export remembers the chunks of each file that
+// has other names (hard links) by its device, inode, size and modification
+// time, and does not cut it again: a snapshot's base-*.img is a hard link
+// to a pages file many images share.
 //
 // # Writes are ordered
 //

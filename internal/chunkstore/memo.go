@@ -13,20 +13,28 @@ type fileID struct {
 	mtime    int64 // ns
 }
 
-// maxMemo bounds the files remembered; past it, the memo starts afresh.
-const maxMemo = 4096
+// maxMemoChunks bounds the chunks of the files remembered (about 50 bytes
+// each); past it, the memo starts afresh.
+const maxMemoChunks = 1 << 20
 
-// identify returns path's identity (ok false if it cannot be read).
+// identify returns path's identity (ok false if it cannot be read) and
+// whether it has other names (hard links), which only those files worth
+// remembering have: the bases images share, not an image's own files.
 func identify(path string) (fileID, bool) {
+	id, _, ok := identifyLinks(path)
+	return id, ok
+}
+
+func identifyLinks(path string) (fileID, bool, bool) {
 	info, err := os.Stat(path)
 	if err != nil {
-		return fileID{}, false
+		return fileID{}, false, false
 	}
 	st, ok := info.Sys().(*syscall.Stat_t)
 	if !ok || !info.Mode().IsRegular() {
-		return fileID{}, false
+		return fileID{}, false, false
 	}
-	return fileID{dev: uint64(st.Dev), ino: st.Ino, size: info.Size(), mtime: info.ModTime().UnixNano()}, true
+	return fileID{dev: uint64(st.Dev), ino: st.Ino, size: info.Size(), mtime: info.ModTime().UnixNano()}, st.Nlink > 1, true
 }
 
 // recall returns the chunks of path if it was cut before (Immutable only).
@@ -44,21 +52,22 @@ func (s *Store) recall(path string) (File, bool) {
 	return f, ok
 }
 
-// rememberFile keeps the chunks of path, cut as f, if its identity before the
-// cut is still its identity (Immutable only).
+// rememberFile keeps the chunks of path, cut as f, if it has other names
+// and its identity before the cut is still its identity (Immutable only).
 func (s *Store) rememberFile(path string, before fileID, f File) {
 	if !s.immutable || before == (fileID{}) {
 		return
 	}
-	if after, ok := identify(path); !ok || after != before {
+	if after, linked, ok := identifyLinks(path); !ok || !linked || after != before {
 		return
 	}
 	s.memoMu.Lock()
 	defer s.memoMu.Unlock()
-	if s.memo == nil || len(s.memo) >= maxMemo {
-		s.memo = make(map[fileID]File)
+	if s.memo == nil || s.memoChunks+len(f.Chunks) > maxMemoChunks {
+		s.memo, s.memoChunks = make(map[fileID]File), 0
 	}
 	s.memo[before] = f
+	s.memoChunks += len(f.Chunks)
 }
 
 // reuseFile accounts for a remembered file as chunkFile does for one it

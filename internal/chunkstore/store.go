@@ -40,12 +40,12 @@ type Options struct {
 	LinkFiles bool
 	// Immutable promises that a file is never written once an export may
 	// read it (gVisor images are written beside their name and renamed
-	// into place, then only read). Export then remembers each file's
-	// chunks by its device, inode, size and modification time, and does
-	// not read or hash a file it cut before again: a base-*.img that every
-	// snapshot of a template holds as a hard link to the same pages file
-	// is cut once per process. (Chunks it uploads are still read and
-	// hashed again.)
+	// into place, then only read). Export then remembers the chunks of
+	// each file with other names (hard links) by its device, inode, size
+	// and modification time, and does not read or hash it again: a
+	// base-*.img that every snapshot of a template holds as a hard link to
+	// the same pages file is cut once per process. (Chunks it uploads are
+	// still read and hashed again.)
 	Immutable bool
 }
 
@@ -82,9 +82,10 @@ type Store struct {
 	knownEpoch string
 
 	// With Options.Immutable: files cut before, by identity (memo.go).
-	immutable bool
-	memoMu    sync.Mutex
-	memo      map[fileID]File
+	immutable  bool
+	memoMu     sync.Mutex
+	memo       map[fileID]File
+	memoChunks int // in memo
 }
 
 // maxKnown bounds the known set (32 bytes a chunk and the map's overhead):
