@@ -18,6 +18,7 @@ import (
 
 	"github.com/cellfork/cellfork/internal/manager"
 	"github.com/cellfork/cellfork/internal/metrics"
+	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/template"
 )
 
@@ -97,7 +98,8 @@ func (h *hostSource) snapshots(ctx context.Context) metrics.SnapshotUsage {
 	if err != nil {
 		return h.snapUsage // the last known
 	}
-	h.snapAt, h.snapUsage = time.Now(), metrics.SnapshotUsage{Count: u.Count, Bytes: u.TotalBytes, CapBytes: u.CapBytes}
+	h.snapAt, h.snapUsage = time.Now(), metrics.SnapshotUsage{Count: u.Count, Bytes: u.TotalBytes, CapBytes: u.CapBytes,
+		Uploading: u.Uploads[sandbox.UploadPending], Uploaded: u.Uploads[sandbox.UploadDone], Failed: u.Uploads[sandbox.UploadFailed]}
 	return h.snapUsage
 }
 

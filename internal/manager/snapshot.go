@@ -50,9 +50,12 @@ func (m *Manager) findSnapshot(ctx context.Context, idOrName string) (*sandbox.S
 // SnapshotUsage returns the disk snapshot images use and the cap.
 func (m *Manager) SnapshotUsage(ctx context.Context) (sandbox.SnapshotUsage, error) {
 	all, err := m.st.ListSnapshots(ctx)
-	u := sandbox.SnapshotUsage{CapBytes: m.cfg.SnapshotCapBytes, Count: len(all)}
+	u := sandbox.SnapshotUsage{CapBytes: m.cfg.SnapshotCapBytes, Count: len(all), Uploads: map[sandbox.UploadState]int{}}
 	for _, sn := range all {
 		u.TotalBytes += sn.SizeBytes
+		if sn.Upload != "" {
+			u.Uploads[sn.Upload]++
+		}
 	}
 	return u, err
 }

@@ -62,6 +62,10 @@ type SnapshotUsage struct {
 	Count    int   `json:"count"`
 	Bytes    int64 `json:"bytes"`
 	CapBytes int64 `json:"capBytes"`
+	// Snapshots by upload state (all 0 without a chunk store).
+	Uploading int `json:"uploading"`
+	Uploaded  int `json:"uploaded"`
+	Failed    int `json:"uploadFailed"`
 }
 
 // Capacity is the host's size and what is left.
@@ -217,7 +221,7 @@ type levels struct {
 
 var levelDefs = []def{defSandboxes, defSandboxesPausedOnDisk, defAllocatedCPUs, defAllocatedMemory,
 	defPoolReady, defPoolReadyTarget, defPoolShells, defPoolShellsTarget, defStandbys, defStandbysMax,
-	defStartsRunning, defStartsWaiting, defStartSlots, defStartQueue, defSnapshots, defSnapshotBytes,
+	defStartsRunning, defStartsWaiting, defStartSlots, defStartQueue, defSnapshots, defSnapshotUploads, defSnapshotBytes,
 	defSnapshotCap, defHostCPUs, defHostMemory, defHostMemoryAvailable, defHostDiskFree, defHostDisk, defScrape}
 
 var levelDescs = func() map[string]*prometheus.Desc {
@@ -294,6 +298,9 @@ func (c *levels) Collect(ch chan<- prometheus.Metric) {
 	gauge(defStartSlots, float64(st.Admission.Slots))
 	gauge(defStartQueue, float64(st.Admission.QueueCap))
 	gauge(defSnapshots, float64(st.Snapshots.Count))
+	gauge(defSnapshotUploads, float64(st.Snapshots.Uploading), "uploading")
+	gauge(defSnapshotUploads, float64(st.Snapshots.Uploaded), "uploaded")
+	gauge(defSnapshotUploads, float64(st.Snapshots.Failed), "failed")
 	gauge(defSnapshotBytes, float64(st.Snapshots.Bytes))
 	gauge(defSnapshotCap, float64(st.Snapshots.CapBytes))
 	gauge(defHostCPUs, float64(st.Capacity.CPUs))

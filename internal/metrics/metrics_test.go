@@ -26,7 +26,7 @@ func newFakeSource(n int) *fakeSource {
 	st := Stats{
 		Pool:      Pool{Ready: map[string]int{"base": 2, "code-interpreter-v1": 1}, ReadyTarget: 2, Shells: 1, ShellTarget: 2, Standbys: 2, StandbysReady: 1, StandbyMax: 2},
 		Admission: Admission{Running: 1, Waiting: 3, Slots: 4, QueueCap: 256},
-		Snapshots: SnapshotUsage{Count: 7, Bytes: 7 << 30, CapBytes: 20 << 30},
+		Snapshots: SnapshotUsage{Count: 7, Bytes: 7 << 30, CapBytes: 20 << 30, Uploading: 1, Uploaded: 5, Failed: 1},
 		Capacity:  Capacity{CPUs: 16, MemoryBytes: 64 << 30, MemoryAvailableBytes: 40 << 30, DiskBytes: 1 << 40, DiskFreeBytes: 1 << 39},
 	}
 	templates := []string{"base", "code-interpreter-v1", "snapshot"}
@@ -79,6 +79,9 @@ func TestLevels(t *testing.T) {
 		`cellfork_admission_queue_length 3`,
 		`cellfork_admission_slots 4`,
 		`cellfork_snapshot_disk_bytes 7.516192768e+09`,
+		`cellfork_snapshot_uploads{state="uploading"} 1`,
+		`cellfork_snapshot_uploads{state="uploaded"} 5`,
+		`cellfork_snapshot_uploads{state="failed"} 1`,
 		`cellfork_host_cpus 16`,
 		`cellfork_egress_denied_total{reason="dns"} 0`,
 		`cellfork_build_info{goversion="` + runtime.Version() + `",version="test"} 1`,

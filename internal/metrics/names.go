@@ -57,6 +57,7 @@ var (
 	defStartSlots            = def{"admission_slots", "Start slots (--start-concurrency).", nil}
 	defStartQueue            = def{"admission_queue_capacity", "Starts that may wait before requests get 503 (--start-queue).", nil}
 	defSnapshots             = def{"snapshots", "Snapshots recorded.", nil}
+	defSnapshotUploads       = def{"snapshot_uploads", "Snapshots by where their image is in the chunk store (--store): uploading, uploaded or failed (for good).", []string{"state"}}
 	defSnapshotBytes         = def{"snapshot_disk_bytes", "Disk used by snapshot images.", nil}
 	defSnapshotCap           = def{"snapshot_disk_cap_bytes", "Snapshot disk use past which new snapshots are refused with 507 (--snapshot-cap-mb; 0 = no cap).", nil}
 	defHostCPUs              = def{"host_cpus", "CPUs of the host.", nil}
@@ -100,7 +101,7 @@ var (
 var allDefs = []def{
 	defSandboxes, defSandboxesPausedOnDisk, defAllocatedCPUs, defAllocatedMemory, defPoolReady, defPoolReadyTarget,
 	defPoolShells, defPoolShellsTarget, defStandbys, defStandbysMax, defStartsRunning, defStartsWaiting, defStartSlots,
-	defStartQueue, defSnapshots, defSnapshotBytes, defSnapshotCap, defHostCPUs, defHostMemory, defHostMemoryAvailable,
+	defStartQueue, defSnapshots, defSnapshotUploads, defSnapshotBytes, defSnapshotCap, defHostCPUs, defHostMemory, defHostMemoryAvailable,
 	defHostDiskFree, defHostDisk, defBuildInfo,
 	defRequests, defRequestsInFlight, defOperation, defCreates, defAdmissionReject, defRuntimeOps, defRuntimeLatency,
 	defRestores, defRestoreBytes, defCheckpoints, defCheckpointBytes, defPoolRefills, defEgressDenied, defAgentErrors,

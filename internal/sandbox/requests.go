@@ -100,6 +100,8 @@ type SnapshotUsage struct {
 	TotalBytes int64
 	CapBytes   int64 // 0: no cap
 	Count      int
+	// Uploads counts the snapshots by upload state (none without a store).
+	Uploads map[UploadState]int
 }
 
 // PoolStats is what a host keeps ready.
