@@ -2,7 +2,8 @@
 
 Operations: memory per idle sandbox (density), create from the warm pool,
 snapshot vs dirty memory (0-500 MB), create from a snapshot at concurrency
-1/10/20, fork(n) for n = 1/5/10/20, rollback, pause/resume (in memory and
+1/10/20, snapshots through the chunk store (upload, then a create that
+imports the image), fork(n) for n = 1/5/10/20, rollback, pause/resume (in memory and
 spilled to disk); and, only with --ops scale, ready sandboxes per host
 (10 to 200 sandboxes, PSS and host memory, extrapolated). Every row sits beside the seeds' published figure, our
 target, and the same work done with raw `runsc` in the same run.
@@ -666,6 +667,58 @@ def op_restore(api, raw, C, parent):
     return out
 
 
+def op_store(api, raw, C, parent):
+    """Snapshot images through the chunk store (--store, default file://<data-dir>/store)."""
+    sb, sn = parent
+    t = Table("Snapshots through the chunk store",
+              "The daemon's default store (file://<data-dir>/store). Each sample: a snapshot of the parent "
+              "(server total), then GET /snapshots/{id} every 5 ms until uploadState is uploaded (client wall "
+              "from the snapshot's answer: the background export, off the request path); then its image "
+              "directory is removed (a host that lost it) and a sandbox is created from it (bootMode restore, "
+              "pool empty): the import (Server-Timing import, every chunk verified) before the usual restore, "
+              "until it answers run_code. The parent's first snapshot (not timed) uploaded the template's "
+              "pages already, so each sample uploads only what the sandbox changed.")
+
+    def uploaded(snapshot_id, limit=120):
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < limit:
+            doc = api.call("GET", f"/snapshots/{snapshot_id}")[0]
+            state = doc.get("uploadState")
+            if state == "uploaded":
+                return ms(t0)
+            if state in (None, "failed"):
+                raise DaemonError(f"snapshot {snapshot_id}: uploadState {state} ({doc.get('uploadError')})")
+            time.sleep(0.005)
+        raise DaemonError(f"snapshot {snapshot_id} not uploaded within {limit} s")
+
+    uploaded(sn["snapshotID"])
+    snap_tot, ups, sts, walls = [], [], [], []
+    for i in range(C["restore1"]):
+        api.run_code(sb, f"y = {i}")
+        doc, st, _ = api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})
+        snap_tot.append(st["total"])
+        ups.append(uploaded(doc["snapshotID"]))
+        shutil.rmtree(os.path.join(DATA, "snapshots", doc["snapshotID"]))
+        wait_pool(ready=0, shells=2)
+        t0 = time.perf_counter()
+        s, st, _ = api.create(doc["snapshotID"])
+        api.run_code(s, "print(x + 1)", "42")
+        walls.append(ms(t0))
+        if s.get("bootMode") != "restore" or "import" not in st:
+            raise DaemonError(f"create from an imported snapshot: bootMode {s.get('bootMode')}, phases {st}")
+        sts.append(st)
+        api.kill(s)
+        api.call("DELETE", f"/snapshots/{doc['snapshotID']}")
+    t.add("snapshot (server total)", snap_tot)
+    t.add("upload, until uploaded (client wall from the answer)", ups)
+    t.add("create from it, image imported (server total)", [st["total"] for st in sts])
+    nested = {k for st in sts for k in st if k.startswith("import.")}  # inside "import"
+    t.phases([{k: v for k, v in st.items() if k not in nested} for st in sts])
+    t.phases(sts, skip=tuple({k for st in sts for k in st} - nested), indent="  · import: ", gap=False)
+    t.add("create from it + first run_code answered (client wall)", walls)
+    return [t]
+
+
 def op_fork(api, raw, C, parent):
     sb, _ = parent
     prid = rid_of(sb)
@@ -875,7 +928,7 @@ def daemon_flags():
             return [a for a in argv[1:argv.index("boot")] if not a.startswith(("--root=", "--log=", "--log-fd="))]
 
 
-OPS = ["density", "pool", "dirty", "restore", "fork", "rollback", "pause", "scale"]
+OPS = ["density", "pool", "dirty", "restore", "store", "fork", "rollback", "pause", "scale"]
 DEFAULT_OPS = OPS[:-1]  # scale (up to 200 sandboxes, minutes) only when asked
 
 
@@ -901,10 +954,10 @@ def main():
             log(f"{op} ...")
             t0 = time.time()
             try:
-                if op in ("restore", "fork", "rollback") and parent is None:
+                if op in ("restore", "store", "fork", "rollback") and parent is None:
                     parent = make_parent(api)
                 fn = globals()["op_" + op]
-                tables += fn(api, raw, C, parent) if op in ("restore", "fork", "rollback") else fn(api, raw, C)
+                tables += fn(api, raw, C, parent) if op in ("restore", "store", "fork", "rollback") else fn(api, raw, C)
             except Exception as e:  # report and go on with the next operation
                 failures.append(f"- {op}: {type(e).__name__}: {e}")
                 log(f"{op} FAILED: {e}")
