@@ -53,7 +53,9 @@
 // With Options.Immutable, Export remembers the chunks of each file that
 // has other names (hard links) by its device, inode, size and modification
 // time, and does not cut it again: a snapshot's base-*.img is a hard link
-// to a pages file many images share.
+// to a pages file many images share. Import then hard-links such a file,
+// still unchanged where it was last seen, instead of assembling it from
+// chunks (it trusts it as it trusts what Export read).
 //
 // # Writes are ordered
 //

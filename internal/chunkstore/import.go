@@ -75,6 +75,11 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 	var order []Hash
 	fileKeys := make([]string, len(m.Files))
 	for i, mf := range m.Files {
+		if mf.Size >= linkMin && s.linkRemembered(mf, filepath.Join(tmp, mf.Name)) {
+			st.LinkedFiles++
+			st.Chunks += len(mf.Chunks)
+			continue
+		}
 		if s.link && mf.Size >= linkMin {
 			fileKeys[i] = fileKey(mf)
 			if s.cache.link(fileKeys[i], filepath.Join(tmp, mf.Name)) {

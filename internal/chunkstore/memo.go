@@ -13,18 +13,26 @@ type fileID struct {
 	mtime    int64 // ns
 }
 
+// remembered is a file Export cut (Options.Immutable): its chunks, and
+// the last path it was seen at.
+type remembered struct {
+	file File
+	path string
+}
+
 // maxMemoChunks bounds the chunks of the files remembered (about 50 bytes
 // each); past it, the memo starts afresh.
 const maxMemoChunks = 1 << 20
 
-// identify returns path's identity (ok false if it cannot be read) and
-// whether it has other names (hard links), which only those files worth
-// remembering have: the bases images share, not an image's own files.
+// identify returns path's identity (ok false if it cannot be read).
 func identify(path string) (fileID, bool) {
 	id, _, ok := identifyLinks(path)
 	return id, ok
 }
 
+// identifyLinks is identify, and whether the file has other names (hard
+// links), which only the files worth remembering have: the bases images
+// share, not an image's own files.
 func identifyLinks(path string) (fileID, bool, bool) {
 	info, err := os.Stat(path)
 	if err != nil {
@@ -48,8 +56,12 @@ func (s *Store) recall(path string) (File, bool) {
 	}
 	s.memoMu.Lock()
 	defer s.memoMu.Unlock()
-	f, ok := s.memo[id]
-	return f, ok
+	r, ok := s.memo[id]
+	if ok && r.path != path {
+		r.path = path // the newest name: older images go first
+		s.memo[id] = r
+	}
+	return r.file, ok
 }
 
 // rememberFile keeps the chunks of path, cut as f, if it has other names
@@ -64,10 +76,33 @@ func (s *Store) rememberFile(path string, before fileID, f File) {
 	s.memoMu.Lock()
 	defer s.memoMu.Unlock()
 	if s.memo == nil || s.memoChunks+len(f.Chunks) > maxMemoChunks {
-		s.memo, s.memoChunks = make(map[fileID]File), 0
+		s.memo, s.memoByKey, s.memoChunks = make(map[fileID]remembered), make(map[string]fileID), 0
 	}
-	s.memo[before] = f
+	s.memo[before] = remembered{file: f, path: path}
+	s.memoByKey[fileKey(f)] = before
 	s.memoChunks += len(f.Chunks)
+}
+
+// linkRemembered makes dst a hard link to a file on this host that Export
+// cut and that holds exactly mf's bytes (the same size, mode and chunks),
+// if there is one still unchanged (Immutable only): an import of an image
+// whose base this host has links it instead of assembling it.
+func (s *Store) linkRemembered(mf File, dst string) bool {
+	if !s.immutable {
+		return false
+	}
+	key := fileKey(mf)
+	s.memoMu.Lock()
+	id, ok := s.memoByKey[key]
+	r := s.memo[id]
+	s.memoMu.Unlock()
+	if !ok {
+		return false
+	}
+	if cur, ok := identify(r.path); !ok || cur != id {
+		return false
+	}
+	return os.Link(r.path, dst) == nil
 }
 
 // reuseFile accounts for a remembered file as chunkFile does for one it

@@ -58,6 +58,22 @@ func TestImmutableRemembersSharedFiles(t *testing.T) {
 			t.Fatalf("%s: remembered export %s (%d remembered), full read %s", dir, &got, got.Reused, &want)
 		}
 	}
+	// An import of c links the shared file instead of assembling it.
+	out := filepath.Join(tmp, "c-imported")
+	imp, err := s.Import(ctx, export(plain, c).Root, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunkstoretest.Equal(t, c, out)
+	if imp.LinkedFiles != 1 || !sameFile(t, filepath.Join(out, "base-1.img"), filepath.Join(base, "pages.img")) {
+		t.Errorf("import linked %d files; base-1.img is the shared file: %v", imp.LinkedFiles, sameFile(t, filepath.Join(out, "base-1.img"), filepath.Join(base, "pages.img")))
+	}
+	// A store without the memo assembles it.
+	out2 := filepath.Join(tmp, "c-assembled")
+	if imp, err := plain.Import(ctx, export(plain, c).Root, out2); err != nil || imp.LinkedFiles != 0 {
+		t.Fatalf("plain import: %v, %d linked", err, imp.LinkedFiles)
+	}
+	chunkstoretest.Equal(t, c, out2)
 	// The shared file written since (another modification time): cut again.
 	p := filepath.Join(base, "pages.img")
 	data, _ := os.ReadFile(p)
@@ -74,9 +90,22 @@ func TestImmutableRemembersSharedFiles(t *testing.T) {
 		t.Fatalf("after a write: %s (%d remembered), full read %s", &got, got.Reused, &want)
 	}
 	// What it exported imports back byte for byte.
-	out := filepath.Join(tmp, "a-imported")
+	out = filepath.Join(tmp, "a-imported")
 	if _, err := s.Import(ctx, got.Root, out); err != nil {
 		t.Fatal(err)
 	}
 	chunkstoretest.Equal(t, a, out)
+}
+
+func sameFile(t *testing.T, a, b string) bool {
+	t.Helper()
+	ia, err := os.Stat(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := os.Stat(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return os.SameFile(ia, ib)
 }

@@ -45,7 +45,11 @@ type Options struct {
 	// and modification time, and does not read or hash it again: a
 	// base-*.img that every snapshot of a template holds as a hard link to
 	// the same pages file is cut once per process. (Chunks it uploads are
-	// still read and hashed again.)
+	// still read and hashed again.) And Import hard-links a file of 1 MiB
+	// or more that Export cut (its bytes, by size, mode and chunk list)
+	// and that is still unchanged where it was last seen, instead of
+	// assembling it: an image whose base this host holds imports as what
+	// it changed, its base linked as the runtime itself links it.
 	Immutable bool
 }
 
@@ -84,8 +88,9 @@ type Store struct {
 	// With Options.Immutable: files cut before, by identity (memo.go).
 	immutable  bool
 	memoMu     sync.Mutex
-	memo       map[fileID]File
-	memoChunks int // in memo
+	memo       map[fileID]remembered
+	memoByKey  map[string]fileID // fileKey of each remembered file
+	memoChunks int               // in memo
 }
 
 // maxKnown bounds the known set (32 bytes a chunk and the map's overhead):
@@ -201,7 +206,8 @@ type Stats struct {
 	TransferredBytes int64
 	// Import: cached chunks that failed verification (dropped, refetched).
 	CacheCorrupt int
-	// Import: files hard-linked whole from the cache (Options.LinkFiles).
+	// Import: files hard-linked whole from the cache (Options.LinkFiles)
+	// or from where Export last saw them (Options.Immutable).
 	LinkedFiles int
 	Phases      []Phase
 	Duration    time.Duration

@@ -212,8 +212,8 @@ func TestSnapshotThroughFileStore(t *testing.T) {
 	})
 }
 
-// corruptOneChunk flips a byte of a chunk of the manifest root names, in
-// a file store.
+// corruptOneChunk flips a byte of a chunk of the image the manifest root
+// names (of its own pages.img), in a file store.
 func corruptOneChunk(t *testing.T, store, root string) {
 	t.Helper()
 	h, err := chunkstore.ParseHash(root)
@@ -228,8 +228,28 @@ func corruptOneChunk(t *testing.T, store, root string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hashes := m.Hashes()
-	victim := filepath.Join(store, chunkstore.ChunkKey(hashes[len(hashes)/2]))
+	// A chunk of the image's own pages, not of a base the host holds (an
+	// import links those: Options.Immutable).
+	inBase := map[chunkstore.Hash]bool{}
+	for _, f := range m.Files {
+		if strings.HasPrefix(f.Name, "base-") {
+			for _, c := range f.Chunks {
+				inBase[c.Hash] = true
+			}
+		}
+	}
+	var own []chunkstore.Hash
+	for _, f := range m.Files {
+		for _, c := range f.Chunks {
+			if f.Name == "pages.img" && !c.Zero && !inBase[c.Hash] {
+				own = append(own, c.Hash)
+			}
+		}
+	}
+	if len(own) == 0 {
+		t.Fatal("the image has no pages of its own")
+	}
+	victim := filepath.Join(store, chunkstore.ChunkKey(own[len(own)/2]))
 	b, err := os.ReadFile(victim)
 	if err != nil {
 		t.Fatal(err)
