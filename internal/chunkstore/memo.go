@@ -2,6 +2,7 @@ package chunkstore
 
 import (
 	"os"
+	"slices"
 	"syscall"
 )
 
@@ -14,11 +15,14 @@ type fileID struct {
 }
 
 // remembered is a file Export cut (Options.Immutable): its chunks, and
-// the last path it was seen at.
+// the names it was seen under that still name it, oldest first.
 type remembered struct {
-	file File
-	path string
+	file  File
+	paths []string
 }
+
+// maxNames bounds the names kept per remembered file.
+const maxNames = 16
 
 // maxMemoChunks bounds the chunks of the files remembered (about 50 bytes
 // each); past it, the memo starts afresh.
@@ -57,11 +61,27 @@ func (s *Store) recall(path string) (File, bool) {
 	s.memoMu.Lock()
 	defer s.memoMu.Unlock()
 	r, ok := s.memo[id]
-	if ok && r.path != path {
-		r.path = path // the newest name: older images go first
+	if ok {
+		r.paths = addName(r.paths, path, id)
 		s.memo[id] = r
 	}
 	return r.file, ok
+}
+
+// addName adds path to the names of file id, dropping those that no
+// longer name it (their image was deleted) and, past maxNames, the oldest.
+func addName(paths []string, path string, id fileID) []string {
+	kept := paths[:0]
+	for _, p := range paths {
+		if cur, ok := identify(p); ok && cur == id && p != path {
+			kept = append(kept, p)
+		}
+	}
+	kept = append(kept, path)
+	if len(kept) > maxNames {
+		kept = kept[len(kept)-maxNames:]
+	}
+	return kept
 }
 
 // rememberFile keeps the chunks of path, cut as f, if it has other names
@@ -78,7 +98,7 @@ func (s *Store) rememberFile(path string, before fileID, f File) {
 	if s.memo == nil || s.memoChunks+len(f.Chunks) > maxMemoChunks {
 		s.memo, s.memoByKey, s.memoChunks = make(map[fileID]remembered), make(map[string]fileID), 0
 	}
-	s.memo[before] = remembered{file: f, path: path}
+	s.memo[before] = remembered{file: f, paths: []string{path}}
 	s.memoByKey[fileKey(f)] = before
 	s.memoChunks += len(f.Chunks)
 }
@@ -94,15 +114,17 @@ func (s *Store) linkRemembered(mf File, dst string) bool {
 	key := fileKey(mf)
 	s.memoMu.Lock()
 	id, ok := s.memoByKey[key]
-	r := s.memo[id]
+	paths := slices.Clone(s.memo[id].paths)
 	s.memoMu.Unlock()
 	if !ok {
 		return false
 	}
-	if cur, ok := identify(r.path); !ok || cur != id {
-		return false
+	for _, p := range slices.Backward(paths) {
+		if cur, ok := identify(p); ok && cur == id && os.Link(p, dst) == nil {
+			return true
+		}
 	}
-	return os.Link(r.path, dst) == nil
+	return false
 }
 
 // reuseFile accounts for a remembered file as chunkFile does for one it

@@ -58,22 +58,27 @@ func TestImmutableRemembersSharedFiles(t *testing.T) {
 			t.Fatalf("%s: remembered export %s (%d remembered), full read %s", dir, &got, got.Reused, &want)
 		}
 	}
-	// An import of c links the shared file instead of assembling it.
+	// A store without the memo assembles the shared file.
+	rootC := export(plain, c).Root
+	assembled := filepath.Join(tmp, "c-assembled")
+	if imp, err := plain.Import(ctx, rootC, assembled); err != nil || imp.LinkedFiles != 0 {
+		t.Fatalf("plain import: %v, %d linked", err, imp.LinkedFiles)
+	}
+	chunkstoretest.Equal(t, c, assembled)
+	// With it, an import links the shared file, under a name that still
+	// holds it (c, its newest name, is gone: a deleted image).
+	if err := os.RemoveAll(c); err != nil {
+		t.Fatal(err)
+	}
 	out := filepath.Join(tmp, "c-imported")
-	imp, err := s.Import(ctx, export(plain, c).Root, out)
+	imp, err := s.Import(ctx, rootC, out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	chunkstoretest.Equal(t, c, out)
-	if imp.LinkedFiles != 1 || !sameFile(t, filepath.Join(out, "base-1.img"), filepath.Join(base, "pages.img")) {
-		t.Errorf("import linked %d files; base-1.img is the shared file: %v", imp.LinkedFiles, sameFile(t, filepath.Join(out, "base-1.img"), filepath.Join(base, "pages.img")))
+	chunkstoretest.Equal(t, assembled, out)
+	if linked := sameFile(t, filepath.Join(out, "base-1.img"), filepath.Join(base, "pages.img")); imp.LinkedFiles != 1 || !linked {
+		t.Errorf("import linked %d files; base-1.img is the shared file: %v", imp.LinkedFiles, linked)
 	}
-	// A store without the memo assembles it.
-	out2 := filepath.Join(tmp, "c-assembled")
-	if imp, err := plain.Import(ctx, export(plain, c).Root, out2); err != nil || imp.LinkedFiles != 0 {
-		t.Fatalf("plain import: %v, %d linked", err, imp.LinkedFiles)
-	}
-	chunkstoretest.Equal(t, c, out2)
 	// The shared file written since (another modification time): cut again.
 	p := filepath.Join(base, "pages.img")
 	data, _ := os.ReadFile(p)
