@@ -36,7 +36,7 @@ func (c StoreConfig) validate() []error {
 	}
 	u, err := url.Parse(c.URL)
 	if err != nil || (u.Scheme != "file" && u.Scheme != "s3") || (u.Scheme == "s3" && u.Host == "") ||
-		(u.Scheme == "file" && (u.Host != "" || !filepath.IsAbs(u.Path))) {
+		(u.Scheme == "file" && (u.Host != "" || u.RawQuery != "" || !filepath.IsAbs(u.Path))) {
 		return []error{fmt.Errorf("--store %q: want file:///absolute/dir, s3://bucket/prefix or none", c.URL)}
 	}
 	return nil

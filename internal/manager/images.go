@@ -134,7 +134,7 @@ func (m *Manager) startImages(ctx context.Context) {
 
 // uploadLoop exports queued snapshots, one at a time, until Close.
 func (m *Manager) uploadLoop() {
-	for {
+	for m.bg.Err() == nil {
 		id, ok := m.up.pop()
 		if !ok {
 			select {
