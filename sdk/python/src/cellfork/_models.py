@@ -122,13 +122,16 @@ class SnapshotInfo:
     template_id: str | None = None
     size_bytes: int | None = None
     created_at: datetime | None = None
+    # The upload fields change after the snapshot is taken (the daemon
+    # uploads in the background), so they are not part of equality: two
+    # reads of one snapshot are equal.
     #: where its image is in the daemon's chunk store: "uploading",
     #: "uploaded" or "failed" (None: the daemon has no store)
-    upload_state: str | None = None
+    upload_state: str | None = field(default=None, compare=False)
     #: the root hash of its image's manifest in the chunk store, once uploaded
-    store_root: str | None = None
+    store_root: str | None = field(default=None, compare=False)
     #: why the upload failed, when upload_state is "failed"
-    upload_error: str | None = None
+    upload_error: str | None = field(default=None, compare=False)
 
     @property
     def snapshot_id(self) -> str:

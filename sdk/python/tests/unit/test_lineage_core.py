@@ -71,6 +71,7 @@ def test_snapshot_info_from_json():
     assert (up.upload_state, up.store_root, up.upload_error) == ("uploaded", "ab" * 32, None)
     failed = SnapshotInfo.from_json(SNAP | {"uploadState": "failed", "uploadError": "its image is corrupt"})
     assert (failed.upload_state, failed.upload_error) == ("failed", "its image is corrupt")
+    assert up == SnapshotInfo.from_json(SNAP)  # the same snapshot, read twice
     with pytest.raises(ProtocolError):
         SnapshotInfo.from_json({"names": []})
     with pytest.raises(ProtocolError):
