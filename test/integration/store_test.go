@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -261,8 +262,9 @@ func corruptOneChunk(t *testing.T, store, root string) {
 }
 
 // TestSnapshotThroughS3Store: with an s3:// store (a real S3 server,
-// versitygw), an upload waits out the server being down, then completes;
-// a host that lost the image imports it from S3 with the exact state.
+// versitygw), an upload waits out the server being down, and the daemon
+// being killed meanwhile: its successor resumes it; a host that lost the
+// image imports it from S3 with the exact state.
 func TestSnapshotThroughS3Store(t *testing.T) {
 	srv := chunkstoretest.StartS3(t)
 	bucket := srv.NewBucket(t)
@@ -281,11 +283,21 @@ func TestSnapshotThroughS3Store(t *testing.T) {
 		if sn.UploadState != "uploading" {
 			t.Errorf("with the store down: uploadState %q (%s), want uploading", sn.UploadState, sn.UploadError)
 		}
+		// The host dies with the upload pending; its successor resumes it
+		// once the store is back.
+		addr := strings.TrimPrefix(d.url, "http://")
+		_ = d.cmd.Process.Signal(syscall.SIGKILL)
+		<-d.exited
 		if err := srv.Start(); err != nil {
 			t.Fatal(err)
 		}
+		nd, err := startDaemonEnv(filepath.Join(repoRoot, "bin", "cellfork"), d.dataDir, addr, env, flags...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d = nd
 		sn, took := waitUploaded(t, sn.SnapshotID, 3*time.Minute)
-		t.Logf("uploaded %v after the store came back", took.Round(time.Millisecond))
+		t.Logf("uploaded %v after the restarted daemon came up with the store back", took.Round(time.Millisecond))
 		if err := os.RemoveAll(filepath.Join(d.dataDir, "snapshots", sn.SnapshotID)); err != nil {
 			t.Fatal(err)
 		}
