@@ -130,7 +130,7 @@ type Manager struct {
 	//	    a snapshot's import lock (images.go)
 	//	      Live.mu
 	//	        snap
-	//	      mu, and the pool's and the box factory's own (leaves)
+	//	          mu, and the pool's and the box factory's own (leaves)
 	//
 	// Nothing holding snap or mu waits for a sandbox: code that visits
 	// every sandbox copies the live set under mu, releases it, then locks
