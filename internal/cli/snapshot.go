@@ -143,10 +143,10 @@ func (a *app) snapshotGet(ctx context.Context, args []string) error {
 
 func (a *app) printSnapshotTable(snaps []*apitypes.Snapshot) error {
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAMES\tPARENT\tSANDBOX\tSIZE\tCREATED")
+	fmt.Fprintln(tw, "ID\tNAMES\tPARENT\tSANDBOX\tSIZE\tSTORE\tCREATED")
 	for _, s := range snaps {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.SnapshotID, namesCell(s.Names), orDash(parentOf(s)),
-			orDash(s.SandboxID), humanBytes(s.SizeBytes), shortTime(s.CreatedAt))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.SnapshotID, namesCell(s.Names), orDash(parentOf(s)),
+			orDash(s.SandboxID), humanBytes(s.SizeBytes), orDash(string(apitypes.Value(s.UploadState))), shortTime(s.CreatedAt))
 	}
 	return tw.Flush()
 }

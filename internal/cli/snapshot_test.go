@@ -51,17 +51,17 @@ func snapJSON(id, parent, sandbox string, size int64, names ...string) string {
 func TestSnapshotList(t *testing.T) {
 	d := newFakeDaemon(t)
 	d.snaps = []listPage{
-		{Body: "[" + snapJSON("snapRoot", "", "sbx1", 300<<20, "base-ready") + "]", Next: "tok1"},
+		{Body: "[" + strings.Replace(snapJSON("snapRoot", "", "sbx1", 300<<20, "base-ready"), "}", `,"uploadState":"uploaded"}`, 1) + "]", Next: "tok1"},
 		{Body: "[" + snapJSON("snapB", "snapRoot", "sbx2", 1536, "v1", "v2") + "," + snapJSON("snapC", "snapB", "", 10) + "]"},
 	}
 	code, out, errOut := d.run(context.Background(), "", "snapshot", "list", "--sandbox", "sbx 1", "--name", "a&b")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	want := "ID        NAMES       PARENT    SANDBOX  SIZE       CREATED\n" +
-		"snapRoot  base-ready  -         sbx1     300.0 MiB  2026-08-22T10:00:00Z\n" +
-		"snapB     v1,v2       snapRoot  sbx2     1.5 KiB    2026-08-22T10:00:00Z\n" +
-		"snapC     -           snapB     -        10 B       2026-08-22T10:00:00Z\n"
+	want := "ID        NAMES       PARENT    SANDBOX  SIZE       STORE     CREATED\n" +
+		"snapRoot  base-ready  -         sbx1     300.0 MiB  uploaded  2026-08-22T10:00:00Z\n" +
+		"snapB     v1,v2       snapRoot  sbx2     1.5 KiB    -         2026-08-22T10:00:00Z\n" +
+		"snapC     -           snapB     -        10 B       -         2026-08-22T10:00:00Z\n"
 	if out != want {
 		t.Errorf("table:\n%s\nwant:\n%s", out, want)
 	}
@@ -89,7 +89,7 @@ func TestSnapshotListEmpty(t *testing.T) {
 		t.Errorf("--json: code %d out %q", code, out)
 	}
 	code, out, _ = d.run(context.Background(), "", "snapshot", "list")
-	if code != 0 || out != "ID  NAMES  PARENT  SANDBOX  SIZE  CREATED\n" {
+	if code != 0 || out != "ID  NAMES  PARENT  SANDBOX  SIZE  STORE  CREATED\n" {
 		t.Errorf("table: code %d out %q", code, out)
 	}
 }
@@ -97,8 +97,8 @@ func TestSnapshotListEmpty(t *testing.T) {
 func TestSnapshotGet(t *testing.T) {
 	d := newFakeDaemon(t)
 	code, out, errOut := d.run(context.Background(), "", "snapshot", "get", "ready")
-	want := "ID     NAMES     PARENT    SANDBOX  SIZE     CREATED\n" +
-		"snapA  ready,v1  snapRoot  sbx1     2.0 KiB  2026-08-22T10:00:00Z\n"
+	want := "ID     NAMES     PARENT    SANDBOX  SIZE     STORE  CREATED\n" +
+		"snapA  ready,v1  snapRoot  sbx1     2.0 KiB  -      2026-08-22T10:00:00Z\n"
 	if code != 0 || out != want {
 		t.Errorf("code %d stdout %q stderr %q", code, out, errOut)
 	}
