@@ -117,6 +117,7 @@ const adminUsage = `usage: cellfork admin [--cluster URL] COMMAND
   key revoke TEAM NAME
   keys
   hosts
+  sandboxes SLOT                        the sandbox rows a host holds (every team)
   cordon SLOT | drain SLOT [--wait] [--timeout D] | activate SLOT
                                         drain: no new sandboxes; --wait: until its running ones end
   rotate-token-key                      new sandbox tokens from a new key (the previous one still checks)
@@ -266,6 +267,25 @@ func admin(ctx context.Context, db *clusterdb.DB, args []string, out io.Writer, 
 				fmt.Fprintf(w, "%s\t%s\t%s\t%v\n", k.Team, k.Name, strings.Join(k.Regions, ","), k.Revoked)
 			}
 		})
+	case "sandboxes":
+		if len(args) != 2 {
+			return errUsage
+		}
+		slot, err := strconv.Atoi(args[1])
+		if err != nil {
+			return errUsage
+		}
+		sbs, err := db.HostSandboxes(ctx, slot)
+		if err != nil {
+			return err
+		}
+		return show(sbs, func(w *tabwriter.Writer) {
+			fmt.Fprintln(w, "ID\tTEAM\tSTATE\tHOME\tHOST\tGENERATION\tTEMPLATE\tSTARTED")
+			for _, s := range sbs {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s ago\n", s.ID, s.Team, s.State, s.HomeSlot, s.HostSlot, s.Generation,
+					s.TemplateID, time.Since(s.StartedAt).Round(time.Second))
+			}
+		})
 	case "hosts":
 		hs, err := db.Hosts(ctx, time.Time{})
 		if err != nil {
@@ -319,9 +339,11 @@ func waitDrained(ctx context.Context, db *clusterdb.DB, slot int, timeout time.D
 			return err
 		}
 		running := 0
+		var left []string
 		for _, s := range sbs {
 			if s.State == "running" || s.State == "creating" {
 				running++
+				left = append(left, s.ID+" ("+s.State+")")
 			}
 		}
 		if err == nil && running == 0 {
@@ -334,7 +356,7 @@ func waitDrained(ctx context.Context, db *clusterdb.DB, slot int, timeout time.D
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("host %d still runs %d sandboxes after %v", slot, running, timeout)
+			return fmt.Errorf("host %d still runs %d sandboxes after %v: %s", slot, running, timeout, strings.Join(left, ", "))
 		case <-time.After(2 * time.Second):
 		}
 	}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -269,10 +270,15 @@ func (g *Gateway) place(w http.ResponseWriter, r *http.Request, c caller, req pl
 			case err != nil:
 				return nil, err
 			}
-			if g.createOn(w, r, h, c.team.ID, id, body) {
+			answered, created := g.createOn(w, r, h, c.team.ID, id, body)
+			if !created {
+				// Refused (4xx: the answer stands) or failed (the next
+				// host is tried): the reservation goes either way.
+				_ = db.Release(context.WithoutCancel(r.Context()), id, h.Slot, int(req.MemoryMB))
+			}
+			if answered {
 				return nil, nil
 			}
-			_ = db.Release(r.Context(), id, h.Slot, int(req.MemoryMB))
 			req.Exclude[h.Slot] = true
 			tries++
 			break
@@ -286,27 +292,28 @@ func errTeam(c caller, max int) error {
 	return errdefs.New(errdefs.ErrLimitReached, "team %s is at its limit of %d running sandboxes; kill or pause some, or ask for more", c.team.ID, max)
 }
 
-// createOn sends the create to host h under id. It answers the client and
-// returns true, unless the host failed in a way another host may not
-// (transport error, 5xx): then it answers nothing and returns false.
-func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.Host, team, id string, body []byte) bool {
+// createOn sends the create to host h under id. It answers the client
+// (answered), unless the host failed in a way another host may not
+// (transport error, 5xx): then it answers nothing. created says whether
+// the host made the sandbox (a 4xx answers the client and makes none).
+func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.Host, team, id string, body []byte) (answered, created bool) {
 	t0 := time.Now()
 	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, "http://"+h.Addr+r.URL.Path, bytes.NewReader(body))
 	if err != nil {
-		return false
+		return false, false
 	}
 	out.Header.Set("Content-Type", "application/json")
 	clusterauth.Sign(out, g.secrets.Load().Internal, team, id, time.Now())
 	resp, err := g.toHosts.RoundTrip(out)
 	if err != nil {
 		g.log.Warn("create failed on a host; trying another", "slot", h.Slot, "err", err)
-		return false
+		return false, false
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 500 {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		g.log.Warn("create failed on a host; trying another", "slot", h.Slot, "status", resp.StatusCode, "body", strings.TrimSpace(string(msg)))
-		return false
+		return false, false
 	}
 	timing.Since(r.Context(), "host", t0)
 	if st := resp.Header.Get("Server-Timing"); st != "" {
@@ -320,7 +327,7 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.H
 	}
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, resp.Body)
-	return true
+	return true, resp.StatusCode/100 == 2
 }
 
 // fork forwards a fork to the parent's host for as many children as it

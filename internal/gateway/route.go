@@ -124,6 +124,9 @@ func (g *Gateway) control(w http.ResponseWriter, r *http.Request, c caller, regi
 		g.snapshotUsage(w, r, c)
 	case strings.HasPrefix(p, "/snapshots/") || strings.HasPrefix(p, "/templates/") && r.Method == http.MethodDelete:
 		g.snapshotOp(w, r, c)
+	case p == "/v3/templates" || strings.HasPrefix(p, "/v2/templates/") || p == "/templates" && r.Method == http.MethodPost:
+		api.WriteError(w, r.Header.Get("X-Request-Id"), http.StatusNotImplemented,
+			"custom templates are built on a single host; a cluster serves the built-in templates only until template artifacts travel between hosts")
 	case strings.HasPrefix(p, "/templates/"):
 		g.anyHost(w, r, c)
 	case p == "/hosts" && r.Method == http.MethodGet:

@@ -73,6 +73,17 @@ func testRoutes(t *testing.T) {
 	}
 	do(t, "us", "DELETE", "/sandboxes/"+other.ID, nil, nil)
 
+	// A create the host refuses (400) leaves no reservation behind: no
+	// row in "creating", no memory or team slot held.
+	if r := do(t, "eu", "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "timeout": -5}, nil); r.status != 400 {
+		t.Errorf("a create with a negative timeout: %d %s", r.status, r.body)
+	}
+	for _, h := range c.Hosts {
+		if rows, err := c.AdminOut(context.Background(), "sandboxes", fmt.Sprint(h.N)); err != nil || strings.Contains(rows, "creating") {
+			t.Errorf("host %d after a refused create: %v\n%s", h.N, err, rows)
+		}
+	}
+
 	// The dashboard: its page without a key, the cluster's hosts with one.
 	if r := do(t, "eu", "GET", "/dashboard/", nil, map[string]string{"X-API-KEY": ""}); r.status != 200 || !strings.Contains(string(r.body), "<html") {
 		t.Errorf("the gateway's dashboard: %d %.200s", r.status, r.body)

@@ -325,6 +325,11 @@ func testDrainWaits(t *testing.T) {
 			t.Errorf("drain --wait: %q %v", r.out, r.err)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("drain --wait did not return 30 s after the host's last sandbox ended")
+		hosts, _ := c.AdminOut(ctx, "hosts")
+		rows, _ := c.AdminOut(ctx, "sandboxes", slot)
+		hosts += "\nrows of host " + slot + ":\n" + rows
+		var list []map[string]any
+		_ = jsonOf(do(t, "eu", "GET", "/v2/sandboxes", nil, nil), &list)
+		t.Fatalf("drain --wait did not return 30 s after the host's last sandbox ended\nhosts:\n%s\nthe team's sandboxes: %v", hosts, list)
 	}
 }
