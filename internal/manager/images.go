@@ -199,6 +199,9 @@ func (m *Manager) uploadOnce(ctx context.Context, id string) (done bool, err err
 		}
 		return true, m.setUpload(ctx, id, func(s *sandbox.Snapshot) { s.Upload, s.UploadError = sandbox.UploadFailed, reason })
 	default:
+		if _, gone := m.st.GetSnapshot(ctx, id); errors.Is(gone, errdefs.ErrNotFound) {
+			return true, nil // deleted while it was exported: its files went mid-read
+		}
 		return false, err
 	}
 	err = m.setUpload(ctx, id, func(s *sandbox.Snapshot) { s.Upload, s.StoreRoot, s.UploadError = sandbox.UploadDone, root, "" })

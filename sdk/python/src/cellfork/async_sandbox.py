@@ -679,7 +679,8 @@ class AsyncFiles:
     async def remove(
         self, path: str, user: str | None = None, *, request_timeout: float | None = None
     ) -> None:
-        """Remove a file or a directory tree."""
+        """Remove a file or a directory tree. A path that does not exist is
+        not an error (as E2B's envd)."""
         await self._sandbox._http.request(self._sandbox._core.remove_request(path, user, request_timeout))
 
     async def make_dir(

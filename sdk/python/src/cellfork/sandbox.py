@@ -677,7 +677,8 @@ class Files:
     def remove(
         self, path: str, user: str | None = None, *, request_timeout: float | None = None
     ) -> None:
-        """Remove a file or a directory tree."""
+        """Remove a file or a directory tree. A path that does not exist is
+        not an error (as E2B's envd)."""
         self._sandbox._http.request(self._sandbox._core.remove_request(path, user, request_timeout))
 
     def make_dir(
