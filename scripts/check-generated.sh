@@ -2,12 +2,12 @@
 # check-generated.sh: fail if regenerating would change committed code:
 # the envd wire code (protoc, from internal/envd/proto), the control
 # plane's Go types (oapi-codegen, from internal/api/openapi.yaml) and the
-# Python SDK's sync client (sdk/python/scripts/unasync.py, from its async
-# twin). scripts/setup.sh installs the generators, pinned.
+# Python SDK's sync modules (sdk/python/scripts/unasync.py: sandbox.py and
+# template.py, from their async twins). scripts/setup.sh installs the generators, pinned.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:$(go env GOPATH)/bin"
-generated=(internal/envd internal/api/apitypes sdk/python/src/cellfork/sandbox.py)
+generated=(internal/envd internal/api/apitypes sdk/python/src/cellfork/sandbox.py sdk/python/src/cellfork/template.py)
 # Content, not git status: a file already edited (or not yet committed)
 # must still match what its generator makes of it.
 sums() { find "${generated[@]}" -type f -print0 | sort -z | xargs -0 sha256sum; }

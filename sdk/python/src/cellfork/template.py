@@ -1,5 +1,8 @@
-"""Synchronous custom templates: :class:`Template`. Its twin is
-:mod:`cellfork.async_template`; both are thin shells over :mod:`cellfork._template`."""
+"""Synchronous custom templates: :class:`Template`, a thin shell over
+:mod:`cellfork._template`.
+
+Generated from :mod:`cellfork.async_template` by
+``sdk/python/scripts/unasync.py``: edit that file, then run the script."""
 
 from __future__ import annotations
 

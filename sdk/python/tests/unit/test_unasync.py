@@ -1,5 +1,6 @@
-"""The sync client is generated from the async one (scripts/unasync.py):
-the committed sandbox.py must be exactly what the script makes."""
+"""The sync modules are generated from their async twins
+(scripts/unasync.py): the committed sandbox.py and template.py must be
+exactly what the script makes."""
 
 import importlib.util
 import pathlib
@@ -21,18 +22,21 @@ def _script():
     return module
 
 
-def test_sandbox_py_is_generated_from_async_sandbox_py():
+def test_sync_modules_are_generated_from_their_async_twins():
     unasync = _script()
-    want = unasync.unasync(unasync.SOURCE.read_text())
-    assert unasync.TARGET.read_text() == want, "sandbox.py is stale: run python3 sdk/python/scripts/unasync.py"
+    assert [t.name for _, t, _ in unasync.PAIRS] == ["sandbox.py", "template.py"]
+    for source, target, header in unasync.PAIRS:
+        want = unasync.unasync(source.read_text(), header)
+        assert target.read_text() == want, f"{target.name} is stale: run python3 sdk/python/scripts/unasync.py"
 
 
 def test_generated_code_is_sync():
     unasync = _script()
-    text = unasync.unasync(unasync.SOURCE.read_text())
-    compile(text, "sandbox.py", "exec")
-    for word in ("async", "await", "Async", "afire", "aclose", "aiter_bytes", "event loop"):
-        assert not re.search(rf"\b{word}\b", text.replace("cellfork.async_sandbox", "")), word
+    for source, target, header in unasync.PAIRS:
+        text = unasync.unasync(source.read_text(), header)
+        compile(text, target.name, "exec")
+        for word in ("async", "await", "Async", "asyncio", "afire", "aclose", "aiter_bytes", "event loop"):
+            assert not re.search(rf"\b{word}\b", text.replace("cellfork." + source.stem, "")), (target.name, word)
 
 
 def test_sync_reader_runs_once_and_keeps_the_outcome():
