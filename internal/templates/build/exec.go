@@ -16,14 +16,9 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cellfork/cellfork/internal/envd"
 	"github.com/cellfork/cellfork/internal/envd/process"
 	"github.com/cellfork/cellfork/internal/envd/process/processconnect"
-)
-
-// Ports the agent serves inside every sandbox (as the manager's).
-const (
-	envdPort = 49983
-	codePort = 49999
 )
 
 // agent talks to the agent of one build or warm-up sandbox.
@@ -35,16 +30,14 @@ type agent struct {
 
 func newAgent(tr http.RoundTripper) *agent {
 	hc := &http.Client{Transport: tr}
-	base := fmt.Sprintf("http://sandbox:%d", envdPort)
+	base := fmt.Sprintf("http://sandbox:%d", envd.Port)
 	return &agent{hc: hc, base: base, proc: processconnect.NewProcessClient(hc, base, connect.WithProtoJSON())}
 }
 
 // init sets the sandbox's defaults (POST /init, as the daemon does at a
 // hand-off).
 func (a *agent) init(ctx context.Context, c Context, maxUpload int64) error {
-	body, _ := json.Marshal(map[string]any{
-		"envVars": c.Env, "defaultUser": c.User, "defaultWorkdir": c.Workdir, "maxUploadBytes": maxUpload,
-	})
+	body, _ := json.Marshal(envd.InitRequest{EnvVars: c.Env, DefaultUser: c.User, DefaultWorkdir: c.Workdir, MaxUploadBytes: maxUpload})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.base+"/init", bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -85,7 +78,7 @@ func (a *agent) upload(ctx context.Context, path string, r io.Reader) error {
 // waitReady waits for the agent's default code context (GET /ready on the
 // code interpreter's port).
 func (a *agent) waitReady(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://sandbox:%d/ready", codePort), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://sandbox:%d/ready", envd.CodeInterpreterPort), nil)
 	if err != nil {
 		return err
 	}
