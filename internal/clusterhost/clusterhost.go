@@ -263,7 +263,7 @@ func (s syncStore) Put(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err := s.Store.Put(ctx, sb); err != nil {
 		return err
 	}
-	s.m.syncNow(ctx, sb.ID)
+	s.m.syncNow(ctx, s.m.dirty, sb.ID, s.m.syncSandbox)
 	return nil
 }
 
@@ -271,22 +271,24 @@ func (s syncStore) Delete(ctx context.Context, id string) error {
 	if err := s.Store.Delete(ctx, id); err != nil {
 		return err
 	}
-	s.m.syncNow(ctx, id)
+	s.m.syncNow(ctx, s.m.dirty, id, s.m.syncSandbox)
 	return nil
 }
 
-// syncNow syncs a sandbox's row before its operation answers, if the
-// database is healthy (briefly bounded), else leaves it to the sync loop.
-func (m *Member) syncNow(ctx context.Context, id string) {
+// syncNow syncs a row (a sandbox's, or a snapshot's: set and sync say
+// which) before its operation answers, if the database is healthy (briefly
+// bounded), else leaves it to the sync loop. A create from it, through any
+// gateway, may follow at once.
+func (m *Member) syncNow(ctx context.Context, set map[string]bool, id string, sync func(context.Context, string) error) {
 	if m.db == nil || m.host == nil || !m.healthy.Load() {
-		m.mark(m.dirty, id)
+		m.mark(set, id)
 		return
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 500*time.Millisecond)
 	defer cancel()
-	if err := m.syncSandbox(sctx, id); err != nil {
+	if err := sync(sctx, id); err != nil {
 		m.healthy.Store(false)
-		m.mark(m.dirty, id)
+		m.mark(set, id)
 	}
 }
 
@@ -294,7 +296,7 @@ func (s syncStore) PutSnapshot(ctx context.Context, sn *sandbox.Snapshot) error 
 	if err := s.Store.PutSnapshot(ctx, sn); err != nil {
 		return err
 	}
-	s.m.syncSnapshotNow(ctx, sn.ID)
+	s.m.syncNow(ctx, s.m.snaps, sn.ID, s.m.syncSnapshot)
 	return nil
 }
 
@@ -302,24 +304,8 @@ func (s syncStore) DeleteSnapshot(ctx context.Context, id string) error {
 	if err := s.Store.DeleteSnapshot(ctx, id); err != nil {
 		return err
 	}
-	s.m.syncSnapshotNow(ctx, id)
+	s.m.syncNow(ctx, s.m.snaps, id, s.m.syncSnapshot)
 	return nil
-}
-
-// syncSnapshotNow syncs a snapshot's row before its operation answers (a
-// create from it, through any gateway, may follow at once), as syncNow
-// does a sandbox's.
-func (m *Member) syncSnapshotNow(ctx context.Context, id string) {
-	if m.db == nil || !m.healthy.Load() {
-		m.mark(m.snaps, id)
-		return
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 500*time.Millisecond)
-	defer cancel()
-	if err := m.syncSnapshot(sctx, id); err != nil {
-		m.healthy.Store(false)
-		m.mark(m.snaps, id)
-	}
 }
 
 func (m *Member) mark(set map[string]bool, id string) {
