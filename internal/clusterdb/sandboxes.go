@@ -277,6 +277,13 @@ type Snapshot struct {
 	Names     []string        `json:"names"`
 	CreatedAt time.Time       `json:"createdAt"`
 	Doc       json.RawMessage `json:"doc"`
+	// StoreRoot names its image's manifest in the cluster's chunk store
+	// once uploaded ("": only on its host); Runtime is the runsc build
+	// that wrote it (only a host of that build restores it). Record is the
+	// host's record of it, from which another host restores it.
+	StoreRoot string          `json:"storeRoot,omitempty"`
+	Runtime   string          `json:"runtime,omitempty"`
+	Record    json.RawMessage `json:"-"`
 }
 
 // SyncSnapshot writes a snapshot's row (its host's view).
@@ -284,11 +291,20 @@ func (db *DB) SyncSnapshot(ctx context.Context, s Snapshot) error {
 	if s.Names == nil {
 		s.Names = []string{}
 	}
-	_, err := db.pool.Exec(ctx, `INSERT INTO snapshots (id, team, region, host_slot, sandbox_id, names, doc, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-		ON CONFLICT (id) DO UPDATE SET names = $6, doc = $7`,
-		s.ID, s.Team, s.Region, s.HostSlot, s.SandboxID, s.Names, []byte(s.Doc), s.CreatedAt)
+	_, err := db.pool.Exec(ctx, `INSERT INTO snapshots (id, team, region, host_slot, sandbox_id, names, doc, created_at,
+			store_root, runtime, record)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+		ON CONFLICT (id) DO UPDATE SET names = $6, doc = $7, store_root = $9, runtime = $10, record = $11`,
+		s.ID, s.Team, s.Region, s.HostSlot, s.SandboxID, s.Names, []byte(s.Doc), s.CreatedAt,
+		s.StoreRoot, s.Runtime, []byte(orJSON(s.Record)))
 	return unavailable(err)
+}
+
+func orJSON(b json.RawMessage) json.RawMessage {
+	if b == nil {
+		return json.RawMessage("{}")
+	}
+	return b
 }
 
 // ForgetSnapshot deletes a snapshot's row.
@@ -299,7 +315,7 @@ func (db *DB) ForgetSnapshot(ctx context.Context, id string) error {
 
 // FindSnapshot returns a team's snapshot by id or name.
 func (db *DB) FindSnapshot(ctx context.Context, team, idOrName string) (Snapshot, error) {
-	rows, err := db.pool.Query(ctx, `SELECT id, team, region, host_slot, sandbox_id, names, created_at, doc FROM snapshots
+	rows, err := db.pool.Query(ctx, `SELECT `+snapshotColumns+` FROM snapshots
 		WHERE team = $1 AND (id = $2 OR $2 = ANY(names)) ORDER BY (id = $2) DESC, created_at DESC LIMIT 1`, team, idOrName)
 	if err != nil {
 		return Snapshot{}, unavailable(err)
@@ -311,15 +327,18 @@ func (db *DB) FindSnapshot(ctx context.Context, team, idOrName string) (Snapshot
 	return s, unavailable(err)
 }
 
+const snapshotColumns = `id, team, region, host_slot, sandbox_id, names, created_at, doc, store_root, runtime, record`
+
 func scanSnapshot(r pgx.CollectableRow) (Snapshot, error) {
 	var s Snapshot
-	err := r.Scan(&s.ID, &s.Team, &s.Region, &s.HostSlot, &s.SandboxID, &s.Names, &s.CreatedAt, &s.Doc)
+	err := r.Scan(&s.ID, &s.Team, &s.Region, &s.HostSlot, &s.SandboxID, &s.Names, &s.CreatedAt, &s.Doc,
+		&s.StoreRoot, &s.Runtime, &s.Record)
 	return s, err
 }
 
 // ListSnapshots returns a team's snapshots, oldest first.
 func (db *DB) ListSnapshots(ctx context.Context, team string) ([]Snapshot, error) {
-	rows, err := db.pool.Query(ctx, `SELECT id, team, region, host_slot, sandbox_id, names, created_at, doc FROM snapshots
+	rows, err := db.pool.Query(ctx, `SELECT `+snapshotColumns+` FROM snapshots
 		WHERE team = $1 ORDER BY created_at, id`, team)
 	if err != nil {
 		return nil, unavailable(err)

@@ -38,6 +38,7 @@ type Config struct {
 	Region    string // the region's name
 	Advertise string // host:port gateways reach this host at
 	DataDir   string
+	Runtime   string // the runtime's build: a snapshot's image restores only on a host of its build
 	// Heartbeat is how often the lease is renewed; the lease lasts TTL.
 	Heartbeat time.Duration
 	TTL       time.Duration

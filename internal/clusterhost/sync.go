@@ -14,6 +14,8 @@ import (
 	"github.com/cellfork/cellfork/internal/api"
 	"github.com/cellfork/cellfork/internal/clusterdb"
 	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/store"
 )
 
 // syncLoop writes the marked sandboxes' and snapshots' rows, retrying
@@ -125,8 +127,15 @@ func (m *Member) syncSnapshot(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	return m.db.SyncSnapshot(ctx, clusterdb.Snapshot{ID: sn.ID, Team: sn.Team, Region: m.region(), HostSlot: m.Slot(),
-		SandboxID: sn.SandboxID, Names: sn.Names, CreatedAt: sn.CreatedAt, Doc: api.SnapshotDoc(sn)})
+	row := clusterdb.Snapshot{ID: sn.ID, Team: sn.Team, Region: m.region(), HostSlot: m.Slot(),
+		SandboxID: sn.SandboxID, Names: sn.Names, CreatedAt: sn.CreatedAt, Doc: api.SnapshotDoc(sn), Runtime: sn.Runtime}
+	if sn.Upload == sandbox.UploadDone {
+		row.StoreRoot = sn.StoreRoot
+	}
+	if row.Record, err = store.EncodeSnapshot(sn); err != nil {
+		return err
+	}
+	return m.db.SyncSnapshot(ctx, row)
 }
 
 // heartbeatLoop renews the lease and reports the host's capacity. A host
@@ -182,7 +191,7 @@ func (m *Member) beat(ctx context.Context) error {
 	h.MemAllocMB = memMB
 	h.DiskFreeMB = diskFreeMB(m.cfg.DataDir)
 	h.StartQueue = starting
-	h.Versions = versions()
+	h.Versions = m.versions()
 	h.CPUFeatures = cpuFeatures()
 	h.Capacity = clusterdb.Capacity{Ready: ps.Ready, Standbys: standbys, Sandboxes: sandboxes, Pending: starting}
 	hctx, cancel := context.WithTimeout(ctx, m.cfg.Heartbeat)
@@ -235,11 +244,12 @@ func cpuFeatures() []string {
 	return cachedFeatures
 }
 
-// versions are what an image depends on: runsc's build.
-func versions() map[string]string {
+// versions are what an image depends on: the runtime's build (which
+// alone restores the images it wrote) and the agent's protocol.
+func (m *Member) versions() map[string]string {
 	out := map[string]string{"envd": api.EnvdVersion}
-	if b, err := os.ReadFile("/usr/local/lib/cellfork/runsc.version"); err == nil {
-		out["runsc"] = strings.TrimSpace(string(b))
+	if m.cfg.Runtime != "" {
+		out["runsc"] = m.cfg.Runtime
 	}
 	return out
 }

@@ -230,7 +230,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	apiCfg := api.Config{APIKeys: cfg.APIKeys, Domain: cfg.Domain, MaxUploadBytes: cfg.MaxUploadBytes}
 	var member *clusterhost.Member
 	if clustered {
-		cfg.Cluster.DataDir = cfg.DataDir
+		cfg.Cluster.DataDir, cfg.Cluster.Runtime = cfg.DataDir, grt.Build()
 		if cfg.Cluster.Advertise == "" {
 			cfg.Cluster.Advertise = cfg.Addr
 		}
@@ -239,6 +239,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		}
 		defer member.Close()
 		deps.Store, deps.IDs, apiCfg.Auth = member.Store(st), member.IDs(), member.Auth()
+		if images != nil {
+			deps.Shared = member // the hosts' snapshots come through the store
+		}
 		fmt.Fprintf(out, "cellfork: host slot %d of the cluster, region %s\n", member.Slot(), cfg.Cluster.Region)
 	}
 	cfg.RuntimeBuild, cfg.ForkDir = grt.Build(), forkDir(cfg.DataDir)

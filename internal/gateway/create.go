@@ -192,8 +192,15 @@ func (g *Gateway) createHere(w http.ResponseWriter, r *http.Request, c caller, r
 			api.Fail(g.log, w, r, errdefs.New(errdefs.ErrNotFound, "template or snapshot %q not found (built-in templates: base, code-interpreter-v1)", tpl))
 			return true
 		}
-		// Its image is on one host until images travel.
-		req.Slot, req.Standby = sn.HostSlot, sn.ID
+		// Its image is on its host's disk, and, once uploaded, in the
+		// chunk store: then any host of the build that wrote it can take
+		// it, its own first.
+		req.Standby = sn.ID
+		if sn.StoreRoot != "" && sn.Region == region.ID {
+			req.Home, req.Versions = sn.HostSlot, []string{"runsc=" + sn.Runtime}
+		} else {
+			req.Slot = sn.HostSlot
+		}
 	}
 	timing.Since(r.Context(), "route", t0)
 	reasons, err := g.place(w, r, c, req, body)

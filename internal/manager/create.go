@@ -3,6 +3,7 @@ package manager
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -110,7 +111,10 @@ func (m *Manager) resolve(ctx context.Context, id string) (source, error) {
 	if src, ok, err := m.resolveCustom(ctx, id); ok || err != nil {
 		return src, err
 	}
-	sn, err := m.findSnapshot(ctx, id)
+	sn, err := m.findSource(ctx, id)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return source{}, err
+	}
 	if err != nil {
 		return source{}, errdefs.New(errdefs.ErrNotFound, "template or snapshot %q not found (built-in templates: base, code-interpreter-v1)", id)
 	}
@@ -185,7 +189,7 @@ func (m *Manager) Create(ctx context.Context, req sandbox.CreateRequest) (*sandb
 	if err != nil {
 		return nil, err
 	}
-	if sn := src.snapshot; sn != nil {
+	if sn := src.snapshot; sn != nil && sn.Image != "" {
 		m.pool.UseStandby(sn.ID, sn.Image, sn.Rootfs, limits)
 	}
 	m.log.Info("sandbox created", "sandbox.id", out.ID, "template", req.TemplateID, "mode", mode, "ms", time.Since(t0).Milliseconds())
@@ -217,9 +221,13 @@ func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limit
 	defer release()
 	timing.Since(ctx, "queue", t0)
 	if src.snapshot != nil {
-		if err := m.ensureImage(ctx, src.snapshot); err != nil {
+		dir, done, err := m.imageOf(ctx, src.snapshot)
+		if err != nil {
 			return nil, "", err
 		}
+		defer done()
+		b, err := m.pool.Restore(ctx, dir, src.rootfs, limits)
+		return b, "restore", err
 	}
 	if src.image != "" {
 		b, err := m.pool.Restore(ctx, src.image, src.rootfs, limits)

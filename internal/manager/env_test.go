@@ -23,8 +23,10 @@ type env struct {
 	dir string
 	cfg Config
 	m   *Manager
-	// images, if set, is the manager's ImageStore (images_test.go).
+	// images, if set, is the manager's ImageStore (images_test.go);
+	// shared, its cluster's other hosts' snapshots.
 	images *memImages
+	shared SharedSnapshots
 }
 
 // fakeTemplates has every built-in template built: an empty rootfs.
@@ -88,6 +90,7 @@ func (e *env) start() {
 	if e.images != nil {
 		d.Images = e.images
 	}
+	d.Shared = e.shared
 	e.m = New(e.cfg, d)
 	ctx := context.Background()
 	if err := e.m.Reconcile(ctx); err != nil {

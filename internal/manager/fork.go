@@ -19,8 +19,12 @@ import (
 
 // holdSnapshot keeps sn's image on disk until the returned func is called,
 // and checks sn was not deleted before the hold took (DeleteSnapshot drops
-// the record before the image).
+// the record before the image). Another host's snapshot (no Image) needs
+// no hold: its import is the restore's own.
 func (m *Manager) holdSnapshot(ctx context.Context, sn *sandbox.Snapshot) (func(), error) {
+	if sn.Image == "" {
+		return func() {}, nil
+	}
 	release := m.boxes.HoldImage(sn.Image)
 	if _, err := m.st.GetSnapshot(ctx, sn.ID); err != nil {
 		release()
@@ -34,7 +38,7 @@ func (m *Manager) holdSnapshot(ctx context.Context, sn *sandbox.Snapshot) (func(
 // the old one is dropped, so a failed rollback leaves the sandbox as it was.
 func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.Sandbox, error) {
 	defer m.adm.Busy()()
-	sn, err := m.findSnapshot(ctx, snapshot)
+	sn, err := m.findSource(ctx, snapshot)
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +77,9 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.S
 	// Off the critical path, and after the client's next request: a
 	// destroy costs CPU that request would wait for.
 	m.boxes.DestroyLater(old, pool.IdleGrace)
-	m.pool.UseStandby(sn.ID, sn.Image, sn.Rootfs, lim)
+	if sn.Image != "" {
+		m.pool.UseStandby(sn.ID, sn.Image, sn.Rootfs, lim)
+	}
 	m.log.Info("sandbox rolled back", "sandbox.id", id, "snapshot.id", sn.ID)
 	return l.record(), nil
 }
@@ -89,10 +95,12 @@ func (m *Manager) restoreOrStandby(ctx context.Context, sn *sandbox.Snapshot, li
 		return nil, err
 	}
 	defer release()
-	if err := m.ensureImage(ctx, sn); err != nil {
+	dir, done, err := m.imageOf(ctx, sn)
+	if err != nil {
 		return nil, err
 	}
-	return m.pool.Restore(ctx, sn.Image, sn.Rootfs, lim)
+	defer done()
+	return m.pool.Restore(ctx, dir, sn.Rootfs, lim)
 }
 
 // swapBox hands nb to the sandbox of l in place of its box, with change

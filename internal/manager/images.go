@@ -110,6 +110,7 @@ func (m *Manager) startImages(ctx context.Context) {
 	if m.images == nil {
 		return
 	}
+	os.RemoveAll(m.importsDir()) // a previous daemon's, restored or not
 	all, err := m.st.ListSnapshots(ctx)
 	if err != nil {
 		m.log.Error("listing snapshots to upload", "err", err)
@@ -232,6 +233,34 @@ func (m *Manager) setUpload(ctx context.Context, id string, change func(*sandbox
 	return m.st.PutSnapshot(ctx, sn)
 }
 
+// importsDir holds the images of other hosts' snapshots while they are
+// restored (imageOf): emptied at start.
+func (m *Manager) importsDir() string { return filepath.Join(m.cfg.DataDir, "imports") }
+
+// imageOf returns the image directory to restore sn from and a func to
+// call once the restore is done. A snapshot of this host restores from its
+// own image, imported back from the store first if this host lost it
+// (ensureImage). Another host's (findSource: no Image) is imported into a
+// directory of its own for this restore, which done deletes: the restored
+// sandbox keeps the pages it maps, and its own checkpoints keep copies.
+func (m *Manager) imageOf(ctx context.Context, sn *sandbox.Snapshot) (string, func(), error) {
+	if sn.Image != "" {
+		return sn.Image, func() {}, m.ensureImage(ctx, sn)
+	}
+	if err := os.MkdirAll(m.importsDir(), 0o700); err != nil {
+		return "", nil, err
+	}
+	dir := filepath.Join(m.importsDir(), sn.ID+"-"+sandbox.RandomHex(4))
+	t0 := time.Now()
+	fetched, err := m.images.Import(ctx, sn.StoreRoot, dir)
+	timing.Since(ctx, "import", t0)
+	if err != nil {
+		return "", nil, m.importError(sn, err)
+	}
+	m.log.Info("snapshot of another host imported", "snapshot.id", sn.ID, "fetched_bytes", fetched, "ms", time.Since(t0).Milliseconds())
+	return dir, func() { m.boxes.RemoveImage(dir) }, nil
+}
+
 // ensureImage puts a snapshot's image back in its place from the store
 // when the directory is gone (a host that lost it), verified, before a
 // restore reads it (phase "import" in Server-Timing).
@@ -255,16 +284,7 @@ func (m *Manager) ensureImage(ctx context.Context, sn *sandbox.Snapshot) error {
 	fetched, err := m.images.Import(ctx, sn.StoreRoot, sn.Image)
 	timing.Since(ctx, "import", t0)
 	if err != nil {
-		m.log.Error("importing snapshot", "snapshot.id", sn.ID, "root", sn.StoreRoot, "err", err)
-		switch {
-		case errors.Is(err, errdefs.ErrCorrupt):
-			return errdefs.New(errdefs.ErrCorrupt, "snapshot %q: its image in the chunk store failed verification (corrupt data); it will not be restored", sn.ID)
-		case errors.Is(err, errdefs.ErrUnavailable):
-			return errdefs.New(errdefs.ErrUnavailable, "snapshot %q: the chunk store holding its image does not answer; try again later", sn.ID)
-		case errors.Is(err, errdefs.ErrNotFound):
-			return errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q: its image is not on this host and its manifest is not in the chunk store", sn.ID)
-		}
-		return fmt.Errorf("importing snapshot %s: %w", sn.ID, err)
+		return m.importError(sn, err)
 	}
 	// Deleted while it was imported: its image must not stay behind.
 	if _, err := m.st.GetSnapshot(ctx, sn.ID); err != nil {
@@ -273,6 +293,20 @@ func (m *Manager) ensureImage(ctx context.Context, sn *sandbox.Snapshot) error {
 	}
 	m.log.Info("snapshot imported", "snapshot.id", sn.ID, "fetched_bytes", fetched, "ms", time.Since(t0).Milliseconds())
 	return nil
+}
+
+// importError is what a caller is told of a failed import of sn's image.
+func (m *Manager) importError(sn *sandbox.Snapshot, err error) error {
+	m.log.Error("importing snapshot", "snapshot.id", sn.ID, "root", sn.StoreRoot, "err", err)
+	switch {
+	case errors.Is(err, errdefs.ErrCorrupt):
+		return errdefs.New(errdefs.ErrCorrupt, "snapshot %q: its image in the chunk store failed verification (corrupt data); it will not be restored", sn.ID)
+	case errors.Is(err, errdefs.ErrUnavailable):
+		return errdefs.New(errdefs.ErrUnavailable, "snapshot %q: the chunk store holding its image does not answer; try again later", sn.ID)
+	case errors.Is(err, errdefs.ErrNotFound):
+		return errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q: its image is not on this host and its manifest is not in the chunk store", sn.ID)
+	}
+	return fmt.Errorf("importing snapshot %s: %w", sn.ID, err)
 }
 
 // forgetStored drops a deleted snapshot's manifest from the store, off

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -308,5 +309,91 @@ func TestUploadResumesAfterRestart(t *testing.T) {
 	e.start()
 	if got := e.waitUpload(sn.ID, sandbox.UploadDone); !images.has(got.StoreRoot) {
 		t.Errorf("resumed upload recorded %s, not in the store", got.StoreRoot)
+	}
+}
+
+// otherHost is the snapshots of another host's manager, as a cluster shows
+// them (clusterhost.Member.FindSnapshot); change, if set, alters the
+// record.
+type otherHost struct {
+	m      *Manager
+	change func(*sandbox.Snapshot)
+}
+
+func (o otherHost) FindSnapshot(ctx context.Context, team, idOrName string) (*sandbox.Snapshot, error) {
+	sn, err := o.m.findSnapshot(ctx, idOrName)
+	if err == nil && o.change != nil {
+		o.change(sn)
+	}
+	return sn, err
+}
+
+// A snapshot another host took starts a sandbox here once it is in the
+// store, from an import of its own that is deleted after the restore; a
+// rollback onto it imports it again. Before its upload, or written by
+// another runtime build, it is refused with the reason.
+func TestAnotherHostsSnapshot(t *testing.T) {
+	images := newMemImages()
+	var mu sync.Mutex
+	hold := true
+	images.fail = func(op string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if op == "export" && hold {
+			return fmt.Errorf("store: %w", errdefs.ErrUnavailable)
+		}
+		return nil
+	}
+	a := newStoreEnv(t, images)
+	b := newEnv(t, nil)
+	b.m.Close()
+	b.images, b.shared = images, otherHost{m: a.m}
+	b.start()
+
+	sb := a.create(sandbox.CreateRequest{})
+	a.write(sb.ID, "on-a")
+	sn, err := a.m.Snapshot(context.Background(), sb.ID, "packed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.m.Create(context.Background(), sandbox.CreateRequest{TemplateID: "packed"})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "not in the chunk store yet") {
+		t.Fatalf("create from another host's snapshot before its upload: %v", err)
+	}
+	mu.Lock()
+	hold = false
+	mu.Unlock()
+	a.waitUpload(sn.ID, sandbox.UploadDone)
+
+	c, err := b.m.Create(context.Background(), sandbox.CreateRequest{TemplateID: "packed"})
+	if err != nil {
+		t.Fatalf("create from another host's uploaded snapshot: %v", err)
+	}
+	if got := b.memory(c.ID); got != "on-a" {
+		t.Errorf("memory %q on the other host", got)
+	}
+	if c.BaseSnapshot != sn.ID || c.BootMode != "restore" {
+		t.Errorf("created with base %q, mode %q", c.BaseSnapshot, c.BootMode)
+	}
+	b.write(c.ID, "changed")
+	if _, err := b.m.Rollback(context.Background(), c.ID, sn.ID); err != nil {
+		t.Fatalf("rollback onto another host's snapshot: %v", err)
+	}
+	if got := b.memory(c.ID); got != "on-a" {
+		t.Errorf("memory %q after the rollback", got)
+	}
+	if left, _ := os.ReadDir(b.m.importsDir()); len(left) != 0 {
+		t.Errorf("imports left behind: %v", left)
+	}
+	if _, err := b.m.GetSnapshot(context.Background(), sn.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("another host's snapshot became this host's: %v", err)
+	}
+
+	b.m.Close()
+	b.shared = otherHost{m: a.m, change: func(s *sandbox.Snapshot) { s.Runtime = "runsc-other" }}
+	b.start()
+	_, err = b.m.Create(context.Background(), sandbox.CreateRequest{TemplateID: sn.ID})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "runtime build") {
+		t.Fatalf("create from an image of another runtime build: %v", err)
 	}
 }

@@ -102,6 +102,17 @@ type Deps struct {
 	// Images is where snapshot images are uploaded to and imported from
 	// (nil: nowhere; a snapshot lives in the data directory only).
 	Images ImageStore
+	// Shared finds the snapshots other hosts of a cluster took (nil: a
+	// single host). Needs Images: their images come from the store.
+	Shared SharedSnapshots
+}
+
+// SharedSnapshots are the snapshots of the other hosts of a cluster
+// (internal/clusterhost).
+type SharedSnapshots interface {
+	// FindSnapshot returns the record of a snapshot of team that another
+	// host took, by id or name: ErrNotFound if there is none.
+	FindSnapshot(ctx context.Context, team, idOrName string) (*sandbox.Snapshot, error)
 }
 
 // Manager owns the live sandboxes. Safe for concurrent use.
@@ -116,7 +127,8 @@ type Manager struct {
 	log   *slog.Logger
 	// custom resolves templates built at runtime (custom.go; nil: none).
 	custom CustomTemplates
-	images ImageStore // nil: none
+	images ImageStore      // nil: none
+	shared SharedSnapshots // nil: none
 	up     *uploads
 	// bg is the background work's context (uploads, collections),
 	// cancelled by Close.
@@ -162,7 +174,7 @@ func New(cfg Config, d Deps) *Manager {
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	return &Manager{cfg: cfg, boxes: boxes, pool: p, adm: p.Admission(), st: d.Store, tpl: d.Templates, ids: ids, log: d.Log,
-		images: d.Images, up: newUploads(), bg: bg, cancel: cancel,
+		images: d.Images, shared: d.Shared, up: newUploads(), bg: bg, cancel: cancel,
 		live: map[string]*Live{}, tombs: map[string]tomb{}, closing: make(chan struct{})}
 }
 

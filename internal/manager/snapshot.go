@@ -3,6 +3,7 @@ package manager
 import (
 	"cmp"
 	"context"
+	"errors"
 	"maps"
 	"os"
 	"path/filepath"
@@ -45,6 +46,32 @@ func (m *Manager) findSnapshot(ctx context.Context, idOrName string) (*sandbox.S
 		}
 	}
 	return nil, errdefs.New(errdefs.ErrNotFound, "snapshot %q not found", idOrName)
+}
+
+// findSource looks up a snapshot to start a sandbox from (create,
+// rollback): this host's, else, in a cluster, one another host took and
+// uploaded to the chunk store. Such a snapshot has no Image: imageOf
+// imports it for each use.
+func (m *Manager) findSource(ctx context.Context, idOrName string) (*sandbox.Snapshot, error) {
+	sn, err := m.findSnapshot(ctx, idOrName)
+	if err == nil || m.shared == nil || m.images == nil || !errors.Is(err, errdefs.ErrNotFound) {
+		return sn, err
+	}
+	team, _ := sandbox.TeamOf(ctx)
+	if sn, err = m.shared.FindSnapshot(ctx, team, idOrName); err != nil {
+		return nil, err
+	}
+	switch {
+	case sn.Upload != sandbox.UploadDone || sn.StoreRoot == "":
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q is on another host and not in the chunk store yet (upload: %s); retry once it is uploaded", sn.ID, cmp.Or(string(sn.Upload), "none"))
+	case sn.Runtime != m.cfg.RuntimeBuild:
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q was written by runtime build %q; this host runs %q", sn.ID, sn.Runtime, m.cfg.RuntimeBuild)
+	}
+	if _, err := os.Stat(sn.Rootfs); err != nil {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q: its template's root filesystem (%s) is not on this host", sn.ID, sn.Rootfs)
+	}
+	sn.Image = ""
+	return sn, nil
 }
 
 // SnapshotUsage returns the disk snapshot images use and the cap.
@@ -116,7 +143,7 @@ func (m *Manager) Snapshot(ctx context.Context, id, name string) (*sandbox.Snaps
 	sn := &sandbox.Snapshot{
 		ID: sid, Team: l.rec.Team, Names: []string{}, ParentID: l.rec.BaseSnapshot, SandboxID: id, TemplateID: l.rec.TemplateID,
 		Rootfs: l.rec.Rootfs, Image: dir, SizeBytes: imageSize(dir), CreatedAt: time.Now().UTC(),
-		Envs: maps.Clone(l.rec.Envs), Network: l.rec.Network.Clone(),
+		Envs: maps.Clone(l.rec.Envs), Network: l.rec.Network.Clone(), Runtime: m.cfg.RuntimeBuild,
 		CPUCount: lim.CPUCount, MemoryMB: lim.MemoryMB, DiskMB: lim.DiskMB, PidsMax: lim.PidsMax, OpenFiles: lim.OpenFiles,
 	}
 	if name != "" {
@@ -261,7 +288,7 @@ func (m *Manager) inTree(ctx context.Context, rec *sandbox.Sandbox, sn *sandbox.
 	if err != nil {
 		return false, err
 	}
-	byID := map[string]*sandbox.Snapshot{}
+	byID := map[string]*sandbox.Snapshot{sn.ID: sn} // sn may be another host's
 	for _, s := range all {
 		byID[s.ID] = s
 	}

@@ -28,8 +28,11 @@ type Request struct {
 	MemoryMB int64
 	Template string // a built-in template: a host with a ready pool of it first
 	// Slot, if not 0, is the one host that can run it (a snapshot's image
-	// lives there until images travel).
+	// that is only on its host). Home, if not 0, is the host that holds
+	// the image on disk, first when it can take it; others fetch the image
+	// from the chunk store (Versions say which may).
 	Slot     int
+	Home     int
 	Standby  string   // a snapshot: its standby's host first
 	Versions []string // "runsc=...": the host must have these
 	Features []string // CPU features the image needs
@@ -231,5 +234,9 @@ func (t *Table) Choose(req Request, rng *rand.Rand) ([]clusterdb.Host, Reasons) 
 		out[i] = t.all[j]
 	}
 	sort.SliceStable(out, func(a, b int) bool { return score(&out[a], &req) < score(&out[b], &req) })
+	if h, ok := t.Host(req.Home); ok && h.Region == req.Region && t.why(&h, &req) == "" {
+		out = slices.DeleteFunc(out, func(o clusterdb.Host) bool { return o.Slot == h.Slot })
+		out = append([]clusterdb.Host{h}, out...)
+	}
 	return out, nil
 }

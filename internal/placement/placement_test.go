@@ -92,3 +92,26 @@ func BenchmarkChoose(b *testing.B) {
 		})
 	}
 }
+
+// A snapshot in the chunk store goes to the host holding its image when
+// that host can take it, else to any host of the build that wrote it.
+func TestChooseHomeFirstElseItsBuild(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	home := host(1, 1, 8192, 6000) // the most loaded
+	other := host(2, 1, 8192, 0)
+	oldBuild := host(3, 1, 8192, 0)
+	oldBuild.Versions = map[string]string{"runsc": "v0"}
+	tbl := NewTable([]clusterdb.Host{home, other, oldBuild}, time.Now())
+	req := Request{Region: 1, MemoryMB: 512, Home: 1, Versions: []string{"runsc=v1"}}
+	for range 20 {
+		got, _ := tbl.Choose(req, rng)
+		if len(got) != 2 || got[0].Slot != 1 || got[1].Slot != 2 {
+			t.Fatalf("placed on %v, want home 1 then 2 (never 3, of another build)", got)
+		}
+	}
+	home.State = "draining"
+	tbl = NewTable([]clusterdb.Host{home, other, oldBuild}, time.Now())
+	if got, why := tbl.Choose(req, rng); len(got) != 1 || got[0].Slot != 2 {
+		t.Fatalf("home draining: placed on %v (%s), want 2", got, why)
+	}
+}

@@ -123,6 +123,9 @@ type Snapshot struct {
 	Upload      UploadState
 	StoreRoot   string
 	UploadError string
+	// Runtime is the runtime build that wrote the image (only that build
+	// restores it; "" in records of older daemons).
+	Runtime string
 }
 
 // UploadState is how far a snapshot's image is in the chunk store.

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -83,6 +84,8 @@ type snapshotRecord struct {
 	Upload      string `json:"Upload,omitempty"`
 	StoreRoot   string `json:"StoreRoot,omitempty"`
 	UploadError string `json:"UploadError,omitempty"`
+	// Since snapshots travel between hosts; absent before.
+	Runtime string `json:"Runtime,omitempty"`
 }
 
 func checkVersion(what string, v int) error {
@@ -147,6 +150,7 @@ func snapshotToRecord(s *sandbox.Snapshot) *snapshotRecord {
 		Rootfs: s.Rootfs, Image: s.Image, SizeBytes: s.SizeBytes, CreatedAt: s.CreatedAt, Envs: s.Envs,
 		CPUCount: s.CPUCount, MemoryMB: s.MemoryMB, DiskMB: s.DiskMB, PidsMax: s.PidsMax, OpenFiles: s.OpenFiles,
 		Network: netRecord(s.Network), Upload: string(s.Upload), StoreRoot: s.StoreRoot, UploadError: s.UploadError,
+		Runtime: s.Runtime,
 	}
 }
 
@@ -159,5 +163,19 @@ func (r *snapshotRecord) domain() (*sandbox.Snapshot, error) {
 		Rootfs: r.Rootfs, Image: r.Image, SizeBytes: r.SizeBytes, CreatedAt: r.CreatedAt, Envs: r.Envs,
 		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, PidsMax: r.PidsMax, OpenFiles: r.OpenFiles,
 		Network: r.Network.domain(), Upload: sandbox.UploadState(r.Upload), StoreRoot: r.StoreRoot, UploadError: r.UploadError,
+		Runtime: r.Runtime,
 	}, nil
+}
+
+// EncodeSnapshot and DecodeSnapshot are the snapshot record as this file
+// keeps it, for the cluster's rows: a host restores another host's
+// snapshot from it.
+func EncodeSnapshot(sn *sandbox.Snapshot) ([]byte, error) { return json.Marshal(snapshotToRecord(sn)) }
+
+func DecodeSnapshot(b []byte) (*sandbox.Snapshot, error) {
+	var r snapshotRecord
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("decoding snapshot record: %w", err)
+	}
+	return r.domain()
 }

@@ -30,6 +30,7 @@ func TestCluster(t *testing.T) {
 		{"drain-waits", testDrainWaits},
 		{"partition", testPartitionAndHeal},
 		{"never-two-copies", testNeverTwoCopies},
+		{"snapshot-travels", testSnapshotTravels},
 		{"host-killed", testHostKilled},
 	} {
 		if !t.Run(tc.name, tc.f) && tc.name == "routes" {

@@ -234,7 +234,10 @@ func (c *Cluster) addHost(n int, region string) (*Host, error) {
 	}
 	args := []string{"nsenter", "--net=/run/netns/" + h.NS, "--", c.opts.Bin, "serve", "--cluster", c.PG.URL, "--region", region,
 		"--addr", h.Addr, "--data-dir", h.DataDir, "--template-dir", c.opts.TemplateDir,
-		"--pool-ready", "0", "--pool-shells", "0", "--standby-snapshots", "0", "-v"}
+		"--pool-ready", "0", "--pool-shells", "0", "--standby-snapshots", "0", "-v",
+		// One chunk store for the cluster's hosts (a shared directory
+		// here; an S3 bucket in production): images travel through it.
+		"--store", "file://" + filepath.Join(c.opts.Dir, "store")}
 	h.args = append(args, c.opts.HostFlags...)
 	return h, nil
 }

@@ -1,0 +1,108 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// waitUploaded waits until the snapshot's image is in the cluster's chunk
+// store (its row names the manifest) and returns what GET /snapshots/ID says.
+func waitUploaded(t *testing.T, id string) map[string]any {
+	t.Helper()
+	var doc map[string]any
+	eventually(t, 60*time.Second, "snapshot "+id+" to be uploaded", func() bool {
+		doc = nil
+		_ = jsonOf(do(t, "eu", "GET", "/snapshots/"+id, nil, nil), &doc)
+		if doc["uploadState"] == "failed" {
+			t.Fatalf("upload failed: %v", doc)
+		}
+		return doc["uploadState"] == "uploaded"
+	})
+	return doc
+}
+
+// testSnapshotTravels: a snapshot taken on one host starts a sandbox on
+// another, which fetches its image from the chunk store: the exact state
+// comes back (a REPL variable, a file, a process and its pid, a listening
+// socket), and a rollback of that sandbox onto the snapshot (not on its
+// host) imports it again.
+func testSnapshotTravels(t *testing.T) {
+	ctx := context.Background()
+	src := create(t, "eu", nil)
+	a := hostOf(t, src)
+	setup := `
+import os, socket, subprocess
+x = 41
+open("/tmp/travel.txt", "w").write("packed on host A")
+p = subprocess.Popen(["sleep", "1000"])
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 8123)); srv.listen()
+print(p.pid)`
+	out, status := runCode(t, "eu", src, setup)
+	pid := strings.TrimSpace(out)
+	if status != 200 || pid == "" {
+		t.Fatalf("setting state up: %d %q", status, out)
+	}
+	r := do(t, "eu", "POST", "/sandboxes/"+src.ID+"/snapshots", map[string]any{"name": "travel"}, nil)
+	if r.status != 201 {
+		t.Fatalf("snapshot: %d %s", r.status, r.body)
+	}
+	var sn struct {
+		ID string `json:"snapshotID"`
+	}
+	r.json(t, &sn)
+	t.Cleanup(func() { do(t, "eu", "DELETE", "/snapshots/"+sn.ID, nil, nil) })
+	doc := waitUploaded(t, sn.ID)
+	if root, _ := doc["storeRoot"].(string); root == "" {
+		t.Fatalf("uploaded without a root: %v", doc)
+	}
+
+	// Host A takes no new sandboxes: the create goes elsewhere.
+	slot := fmt.Sprint(a.N)
+	if err := c.Admin(ctx, "cordon", slot); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := c.Admin(ctx, "activate", slot); err != nil {
+			t.Errorf("activating host %s again: %v", slot, err)
+		}
+	}()
+	time.Sleep(2 * time.Second) // the gateways hear of it (NOTIFY)
+	r = do(t, "eu", "POST", "/v2/sandboxes", map[string]any{"templateID": "travel", "timeout": 120}, nil)
+	if r.status != 201 {
+		t.Fatalf("create from the snapshot with its host cordoned: %d %s", r.status, r.body)
+	}
+	var moved sandbox
+	r.json(t, &moved)
+	t.Cleanup(func() { do(t, "eu", "DELETE", "/sandboxes/"+moved.ID, nil, nil) })
+	if b := hostOf(t, moved); b.N == a.N {
+		t.Fatalf("created on the cordoned host %d", a.N)
+	}
+	if st := r.header.Get("Server-Timing"); !strings.Contains(st, "import;dur=") {
+		t.Errorf("the create did not import the image: Server-Timing %q", st)
+	}
+	check := `
+import os, socket
+c = socket.create_connection(("127.0.0.1", 8123), timeout=5); c.close()
+os.kill(p.pid, 0)
+print(x, open("/tmp/travel.txt").read(), p.pid, p.poll())`
+	want := fmt.Sprintf("41 packed on host A %s None\n", pid)
+	if out, status := runCode(t, "eu", moved, check); out != want {
+		t.Fatalf("state on the other host: %d %q, want %q", status, out, want)
+	}
+
+	// Rollback onto the snapshot, which is not on this sandbox's host.
+	if out, _ := runCode(t, "eu", moved, "x = 0; print(x)"); out != "0\n" {
+		t.Fatalf("changing x: %q", out)
+	}
+	r = do(t, "eu", "POST", "/sandboxes/"+moved.ID+"/rollback", map[string]any{"snapshotID": sn.ID}, nil)
+	if r.status != 200 || !strings.Contains(r.header.Get("Server-Timing"), "import;dur=") {
+		t.Fatalf("rollback onto the imported snapshot: %d %s (Server-Timing %q)", r.status, r.body, r.header.Get("Server-Timing"))
+	}
+	if out, status := runCode(t, "eu", moved, check); out != want {
+		t.Fatalf("state after the rollback: %d %q, want %q", status, out, want)
+	}
+}
