@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"strings"
 	"testing"
 	"time"
 
@@ -248,5 +249,66 @@ func TestSyncFencingAndList(t *testing.T) {
 	}
 	if other, _ := db.ListSandboxes(ctx, ListFilter{Team: "other", States: []string{"running"}, Limit: 10}); len(other) != 0 {
 		t.Error("a team saw another's sandboxes")
+	}
+}
+
+// A paused sandbox whose image is in the store moves to another host by
+// compare-and-swap: only from the host and generation read, only onto a
+// host with room; then its old host's writes are stale, the new host's
+// go through, and the moved map names it.
+func TestMoveIsACompareAndSwap(t *testing.T) {
+	db := fresh(t)
+	setup(t, db)
+	ctx := context.Background()
+	a, ea, _ := db.Register(ctx, "a", 1, "x:1")
+	b, eb, _ := db.Register(ctx, "b", 1, "x:2")
+	for _, h := range []struct {
+		slot  int
+		epoch int64
+	}{{a, ea}, {b, eb}} {
+		if err := heartbeat(t, db, h.slot, h.epoch, 8192); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := ids.NewSandbox(1, a)
+	s := Sandbox{ID: id, Team: "acme", Region: 1, HostSlot: a, State: "paused", MemoryMB: 512, Doc: json.RawMessage(`{}`),
+		Record: json.RawMessage(`{"ID":"` + id + `"}`), Runtime: "v1"}
+	if err := db.Sync(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	row, _ := db.GetSandbox(ctx, id)
+	if err := db.Move(ctx, id, a, row.Generation, b, 0); !errors.Is(err, ErrStale) {
+		t.Fatalf("moving a paused sandbox whose image is not in the store: %v", err)
+	}
+	s.StoreRoot = "root1"
+	if err := db.Sync(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Move(ctx, id, a, row.Generation, b, 8192); !errors.Is(err, ErrNoCapacity) {
+		t.Fatalf("moving onto a host without room: %v", err)
+	}
+	if err := db.Move(ctx, id, a, row.Generation+1, b, 0); !errors.Is(err, ErrStale) {
+		t.Fatalf("moving from a generation that is not the row's: %v", err)
+	}
+	if err := db.Move(ctx, id, a, row.Generation, b, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Move(ctx, id, a, row.Generation, b, 0); !errors.Is(err, ErrStale) {
+		t.Fatalf("a second move of the same read: %v", err)
+	}
+	got, err := db.GetRecord(ctx, id)
+	if err != nil || got.HostSlot != b || got.HomeSlot != a || got.Generation != row.Generation+1 || got.StoreRoot != "root1" ||
+		got.Runtime != "v1" || !strings.Contains(string(got.Record), id) {
+		t.Fatalf("row after the move: %+v %v", got, err)
+	}
+	if err := db.Sync(ctx, s); !errors.Is(err, ErrStale) {
+		t.Errorf("the old host writing after the move: %v", err)
+	}
+	s.HostSlot, s.State, s.StoreRoot = b, "running", ""
+	if err := db.Sync(ctx, s); err != nil {
+		t.Errorf("the new host writing after the move: %v", err)
+	}
+	if moved, _ := db.Moved(ctx); moved[id] != b {
+		t.Errorf("moved map: %v", moved)
 	}
 }

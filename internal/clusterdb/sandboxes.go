@@ -29,6 +29,13 @@ type Sandbox struct {
 	// Doc is what a list shows of it (E2B's ListedSandbox), as its host
 	// wrote it.
 	Doc json.RawMessage `json:"doc"`
+	// StoreRoot names a paused sandbox's image in the chunk store ("":
+	// running, or its image is only on its host); Runtime is the runsc
+	// build of its host. Record is its host's record of it, from which
+	// another host resumes it (read by GetRecord only).
+	StoreRoot string          `json:"storeRoot,omitempty"`
+	Runtime   string          `json:"runtime,omitempty"`
+	Record    json.RawMessage `json:"-"`
 }
 
 // Reserve places a new sandbox on a host: its memory is taken from the
@@ -64,9 +71,10 @@ func insertSandbox(ctx context.Context, tx pgx.Tx, s Sandbox, state string) erro
 		doc = json.RawMessage("{}")
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO sandboxes (id, team, region, home_slot, host_slot, state, memory_mb, template_id,
-			started_at, end_at, metadata, doc)
-		VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, $9, $10, $11)`,
-		s.ID, s.Team, s.Region, s.HostSlot, state, s.MemoryMB, s.TemplateID, s.StartedAt, s.EndAt, meta, []byte(doc))
+			started_at, end_at, metadata, doc, store_root, runtime, record)
+		VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+		s.ID, s.Team, s.Region, s.HostSlot, state, s.MemoryMB, s.TemplateID, s.StartedAt, s.EndAt, meta, []byte(doc),
+		s.StoreRoot, s.Runtime, []byte(orJSON(s.Record)))
 	return teamError(err)
 }
 
@@ -124,9 +132,10 @@ func (db *DB) Sync(ctx context.Context, s Sandbox) error {
 	}
 	defer tx.Rollback(ctx)
 	tag, err := tx.Exec(ctx, `UPDATE sandboxes SET state = $3, memory_mb = $4, template_id = $5, started_at = $6,
-			end_at = $7, metadata = $8, doc = $9, updated_at = now()
+			end_at = $7, metadata = $8, doc = $9, store_root = $10, runtime = $11, record = $12, updated_at = now()
 		WHERE id = $1 AND host_slot = $2`,
-		s.ID, s.HostSlot, s.State, s.MemoryMB, s.TemplateID, s.StartedAt, s.EndAt, meta, []byte(s.Doc))
+		s.ID, s.HostSlot, s.State, s.MemoryMB, s.TemplateID, s.StartedAt, s.EndAt, meta, []byte(s.Doc),
+		s.StoreRoot, s.Runtime, []byte(orJSON(s.Record)))
 	if err != nil {
 		return teamError(err)
 	}
@@ -179,20 +188,21 @@ func (db *DB) Forget(ctx context.Context, id string, slot int) error {
 	return unavailable(err)
 }
 
-// ForgetLost deletes the row of a lost sandbox (killing it, as far as the
-// cluster can: its host is gone).
+// ForgetLost deletes the row of a sandbox whose host is lost, lost with it
+// or paused (killing it, as far as the cluster can: its host is gone).
 func (db *DB) ForgetLost(ctx context.Context, id, team string) (bool, error) {
-	tag, err := db.pool.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1 AND team = $2 AND state = 'lost'`, id, team)
+	tag, err := db.pool.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1 AND team = $2 AND state IN ('lost', 'paused')`, id, team)
 	return tag.RowsAffected() > 0, unavailable(err)
 }
 
-const sandboxColumns = `id, team, region, home_slot, host_slot, generation, state, memory_mb, template_id, started_at, end_at, metadata, doc`
+const sandboxColumns = `id, team, region, home_slot, host_slot, generation, state, memory_mb, template_id, started_at, end_at,
+	metadata, doc, store_root, runtime`
 
 func scanSandbox(r pgx.CollectableRow) (Sandbox, error) {
 	var s Sandbox
 	var meta []byte
 	err := r.Scan(&s.ID, &s.Team, &s.Region, &s.HomeSlot, &s.HostSlot, &s.Generation, &s.State, &s.MemoryMB,
-		&s.TemplateID, &s.StartedAt, &s.EndAt, &meta, &s.Doc)
+		&s.TemplateID, &s.StartedAt, &s.EndAt, &meta, &s.Doc, &s.StoreRoot, &s.Runtime)
 	if err == nil {
 		_ = json.Unmarshal(meta, &s.Metadata)
 	}
@@ -210,6 +220,59 @@ func (db *DB) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
 		return s, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}
 	return s, unavailable(err)
+}
+
+// GetRecord returns a sandbox's row with the record its host published.
+func (db *DB) GetRecord(ctx context.Context, id string) (Sandbox, error) {
+	rows, err := db.pool.Query(ctx, `SELECT `+sandboxColumns+`, record FROM sandboxes WHERE id = $1`, id)
+	if err != nil {
+		return Sandbox{}, unavailable(err)
+	}
+	s, err := pgx.CollectExactlyOneRow(rows, func(r pgx.CollectableRow) (Sandbox, error) {
+		var s Sandbox
+		var meta []byte
+		err := r.Scan(&s.ID, &s.Team, &s.Region, &s.HomeSlot, &s.HostSlot, &s.Generation, &s.State, &s.MemoryMB,
+			&s.TemplateID, &s.StartedAt, &s.EndAt, &meta, &s.Doc, &s.StoreRoot, &s.Runtime, &s.Record)
+		if err == nil {
+			_ = json.Unmarshal(meta, &s.Metadata)
+		}
+		return s, err
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	}
+	return s, unavailable(err)
+}
+
+// Move hands a paused sandbox whose image is in the chunk store to host
+// to: its row's host_slot becomes to and its generation grows, if it is
+// still paused on from at generation gen (else ErrStale) and to has room
+// for its memory (taken as Reserve takes it; else ErrNoCapacity). From
+// then on only to writes the row; the moved map follows (NOTIFY).
+func (db *DB) Move(ctx context.Context, id string, from int, gen int64, to int, reserveMB int64) error {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return unavailable(err)
+	}
+	defer tx.Rollback(ctx)
+	tag, err := tx.Exec(ctx, `UPDATE sandboxes SET host_slot = $4, generation = generation + 1, updated_at = now()
+		WHERE id = $1 AND host_slot = $2 AND generation = $3 AND state = 'paused' AND store_root <> ''`, id, from, gen, to)
+	if err != nil {
+		return unavailable(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrStale
+	}
+	tag, err = tx.Exec(ctx, `UPDATE hosts SET mem_alloc_mb = mem_alloc_mb + s.memory_mb FROM sandboxes s
+		WHERE hosts.slot = $2 AND s.id = $1 AND hosts.state = 'active' AND hosts.lease_until > now()
+		  AND hosts.mem_alloc_mb + s.memory_mb <= hosts.mem_total_mb - $3`, id, to, reserveMB)
+	if err != nil {
+		return unavailable(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNoCapacity
+	}
+	return unavailable(tx.Commit(ctx))
 }
 
 // ListFilter selects a team's sandboxes for a list.

@@ -34,3 +34,29 @@ func (m *Member) FindSnapshot(ctx context.Context, team, idOrName string) (*sand
 	}
 	return sn, nil
 }
+
+// MovedHere returns the record of a paused sandbox the cluster moved to
+// this host (a gateway moved its row here: its host was lost or drained),
+// as its old host published it, with its image's root in the store
+// (manager.Cluster). ErrNotFound if the row does not say so.
+func (m *Member) MovedHere(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	if m.db == nil {
+		return nil, errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable; retry later")
+	}
+	row, err := m.db.GetRecord(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if row.HostSlot != m.Slot() || row.State != "paused" || row.StoreRoot == "" {
+		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	}
+	if row.Runtime != m.cfg.Runtime {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q was paused by runtime build %q; this host runs %q", id, row.Runtime, m.cfg.Runtime)
+	}
+	rec, err := store.DecodeSandbox(row.Record)
+	if err != nil || rec.ID != id {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q: its old host did not publish its record (an older cellfork?)", id)
+	}
+	rec.PausedRoot = row.StoreRoot
+	return rec, nil
+}

@@ -96,7 +96,13 @@ func (m *Member) syncSandbox(ctx context.Context, id string) error {
 	}
 	row := clusterdb.Sandbox{ID: rec.ID, Team: rec.Team, Region: m.region(), HostSlot: slot, State: string(rec.State),
 		MemoryMB: rec.MemoryMB, TemplateID: rec.TemplateID, StartedAt: rec.StartedAt, EndAt: rec.EndAt,
-		Metadata: rec.Metadata, Doc: api.ListedDoc(rec)}
+		Metadata: rec.Metadata, Doc: api.ListedDoc(rec), Runtime: m.cfg.Runtime}
+	if rec.State == sandbox.StatePaused {
+		row.StoreRoot = rec.PausedRoot
+	}
+	if row.Record, err = store.EncodeSandbox(rec); err != nil {
+		return err
+	}
 	switch err := m.db.Sync(ctx, row); {
 	case errors.Is(err, clusterdb.ErrStale):
 		// Another host runs it now: this copy must never answer again.

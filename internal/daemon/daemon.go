@@ -240,7 +240,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		defer member.Close()
 		deps.Store, deps.IDs, apiCfg.Auth = member.Store(st), member.IDs(), member.Auth()
 		if images != nil {
-			deps.Shared = member // the hosts' snapshots come through the store
+			deps.Cluster = member // the hosts' snapshots come through the store
 		}
 		fmt.Fprintf(out, "cellfork: host slot %d of the cluster, region %s\n", member.Slot(), cfg.Cluster.Region)
 	}

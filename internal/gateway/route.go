@@ -218,6 +218,9 @@ func (g *Gateway) sandboxOp(w http.ResponseWriter, r *http.Request, c caller) {
 		api.Fail(g.log, w, r, err)
 		return
 	}
+	if isResume(r) && away(h) && g.resumeElsewhere(w, r, c, id, h) {
+		return
+	}
 	if h.State == "lost" {
 		g.lostOp(w, r, c, id, h)
 		return
@@ -244,7 +247,11 @@ func (g *Gateway) lostOp(w http.ResponseWriter, r *http.Request, c caller, id st
 	}
 	switch {
 	case r.Method == http.MethodGet && r.URL.Path == "/sandboxes/"+id:
-		api.WriteJSON(w, http.StatusOK, withState(row.Doc, "lost"))
+		state := "lost" // a paused one stays paused: another host may resume it
+		if row.State == "paused" {
+			state = "paused"
+		}
+		api.WriteJSON(w, http.StatusOK, withState(row.Doc, state))
 	case r.Method == http.MethodDelete && r.URL.Path == "/sandboxes/"+id:
 		if _, err := db.ForgetLost(r.Context(), id, c.team.ID); err != nil {
 			api.Fail(g.log, w, r, err)

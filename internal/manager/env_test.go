@@ -25,8 +25,8 @@ type env struct {
 	m   *Manager
 	// images, if set, is the manager's ImageStore (images_test.go);
 	// shared, its cluster's other hosts' snapshots.
-	images *memImages
-	shared SharedSnapshots
+	images  *memImages
+	cluster Cluster
 }
 
 // fakeTemplates has every built-in template built: an empty rootfs.
@@ -90,7 +90,7 @@ func (e *env) start() {
 	if e.images != nil {
 		d.Images = e.images
 	}
-	d.Shared = e.shared
+	d.Cluster = e.cluster
 	e.m = New(e.cfg, d)
 	ctx := context.Background()
 	if err := e.m.Reconcile(ctx); err != nil {

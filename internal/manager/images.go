@@ -111,6 +111,7 @@ func (m *Manager) startImages(ctx context.Context) {
 		return
 	}
 	os.RemoveAll(m.importsDir()) // a previous daemon's, restored or not
+	m.requeuePausedUploads(ctx)
 	all, err := m.st.ListSnapshots(ctx)
 	if err != nil {
 		m.log.Error("listing snapshots to upload", "err", err)
@@ -149,16 +150,21 @@ func (m *Manager) uploadLoop() {
 	}
 }
 
-// upload exports snapshot id, retrying with backoff until it is uploaded,
-// fails for good, is deleted, or the manager closes.
-func (m *Manager) upload(id string) {
+// upload exports a queued image (a snapshot's, or a paused sandbox's:
+// travel.go), retrying with backoff until it is uploaded, fails for good,
+// is deleted, or the manager closes.
+func (m *Manager) upload(entry string) {
+	id, upload, what := entry, m.uploadOnce, "snapshot"
+	if sb, ok := isPausedUpload(entry); ok {
+		id, upload, what = sb, m.uploadPausedOnce, "paused sandbox"
+	}
 	wait := uploadBackoffMin
 	for attempt := 1; ; attempt++ {
-		done, err := m.uploadOnce(m.bg, id)
+		done, err := upload(m.bg, id)
 		if done {
 			return
 		}
-		m.log.Warn("uploading snapshot failed; retrying", "snapshot.id", id, "attempt", attempt, "in", wait.String(), "err", err)
+		m.log.Warn("uploading an image failed; retrying", "of", what, "id", id, "attempt", attempt, "in", wait.String(), "err", err)
 		select {
 		case <-m.closing:
 			return
@@ -255,7 +261,7 @@ func (m *Manager) imageOf(ctx context.Context, sn *sandbox.Snapshot) (string, fu
 	fetched, err := m.images.Import(ctx, sn.StoreRoot, dir)
 	timing.Since(ctx, "import", t0)
 	if err != nil {
-		return "", nil, m.importError(sn, err)
+		return "", nil, m.importError(fmt.Sprintf("snapshot %q", sn.ID), sn.StoreRoot, err)
 	}
 	m.log.Info("snapshot of another host imported", "snapshot.id", sn.ID, "fetched_bytes", fetched, "ms", time.Since(t0).Milliseconds())
 	return dir, func() { m.boxes.RemoveImage(dir) }, nil
@@ -284,7 +290,7 @@ func (m *Manager) ensureImage(ctx context.Context, sn *sandbox.Snapshot) error {
 	fetched, err := m.images.Import(ctx, sn.StoreRoot, sn.Image)
 	timing.Since(ctx, "import", t0)
 	if err != nil {
-		return m.importError(sn, err)
+		return m.importError(fmt.Sprintf("snapshot %q", sn.ID), sn.StoreRoot, err)
 	}
 	// Deleted while it was imported: its image must not stay behind.
 	if _, err := m.st.GetSnapshot(ctx, sn.ID); err != nil {
@@ -295,18 +301,19 @@ func (m *Manager) ensureImage(ctx context.Context, sn *sandbox.Snapshot) error {
 	return nil
 }
 
-// importError is what a caller is told of a failed import of sn's image.
-func (m *Manager) importError(sn *sandbox.Snapshot, err error) error {
-	m.log.Error("importing snapshot", "snapshot.id", sn.ID, "root", sn.StoreRoot, "err", err)
+// importError is what a caller is told of a failed import of the image
+// of what (`snapshot "ID"`, `sandbox "ID"`) from root.
+func (m *Manager) importError(what, root string, err error) error {
+	m.log.Error("importing an image", "of", what, "root", root, "err", err)
 	switch {
 	case errors.Is(err, errdefs.ErrCorrupt):
-		return errdefs.New(errdefs.ErrCorrupt, "snapshot %q: its image in the chunk store failed verification (corrupt data); it will not be restored", sn.ID)
+		return errdefs.New(errdefs.ErrCorrupt, "%s: its image in the chunk store failed verification (corrupt data); it will not be restored", what)
 	case errors.Is(err, errdefs.ErrUnavailable):
-		return errdefs.New(errdefs.ErrUnavailable, "snapshot %q: the chunk store holding its image does not answer; try again later", sn.ID)
+		return errdefs.New(errdefs.ErrUnavailable, "%s: the chunk store holding its image does not answer; try again later", what)
 	case errors.Is(err, errdefs.ErrNotFound):
-		return errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q: its image is not on this host and its manifest is not in the chunk store", sn.ID)
+		return errdefs.New(errdefs.ErrFailedPrecondition, "%s: its image is not on this host and its manifest is not in the chunk store", what)
 	}
-	return fmt.Errorf("importing snapshot %s: %w", sn.ID, err)
+	return fmt.Errorf("importing the image of %s: %w", what, err)
 }
 
 // forgetStored drops a deleted snapshot's manifest from the store, off
@@ -362,6 +369,15 @@ func (m *Manager) CollectStore(ctx context.Context) (int64, error) {
 	for _, sn := range all {
 		if sn.StoreRoot != "" {
 			live = append(live, sn.StoreRoot)
+		}
+	}
+	recs, err := m.st.List(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for _, rec := range recs {
+		if rec.PausedRoot != "" {
+			live = append(live, rec.PausedRoot)
 		}
 	}
 	t0 := time.Now()

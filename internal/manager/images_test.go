@@ -318,6 +318,7 @@ func TestUploadResumesAfterRestart(t *testing.T) {
 type otherHost struct {
 	m      *Manager
 	change func(*sandbox.Snapshot)
+	moved  map[string]bool // sandboxes of m moved to the host that asks
 }
 
 func (o otherHost) FindSnapshot(ctx context.Context, team, idOrName string) (*sandbox.Snapshot, error) {
@@ -326,6 +327,17 @@ func (o otherHost) FindSnapshot(ctx context.Context, team, idOrName string) (*sa
 		o.change(sn)
 	}
 	return sn, err
+}
+
+func (o otherHost) MovedHere(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	if !o.moved[id] {
+		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	}
+	rec, err := o.m.st.Get(ctx, id)
+	if err != nil || rec.PausedRoot == "" {
+		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	}
+	return rec, nil
 }
 
 // A snapshot another host took starts a sandbox here once it is in the
@@ -347,7 +359,7 @@ func TestAnotherHostsSnapshot(t *testing.T) {
 	a := newStoreEnv(t, images)
 	b := newEnv(t, nil)
 	b.m.Close()
-	b.images, b.shared = images, otherHost{m: a.m}
+	b.images, b.cluster = images, otherHost{m: a.m}
 	b.start()
 
 	sb := a.create(sandbox.CreateRequest{})
@@ -390,10 +402,59 @@ func TestAnotherHostsSnapshot(t *testing.T) {
 	}
 
 	b.m.Close()
-	b.shared = otherHost{m: a.m, change: func(s *sandbox.Snapshot) { s.Runtime = "runsc-other" }}
+	b.cluster = otherHost{m: a.m, change: func(s *sandbox.Snapshot) { s.Runtime = "runsc-other" }}
 	b.start()
 	_, err = b.m.Create(context.Background(), sandbox.CreateRequest{TemplateID: sn.ID})
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "runtime build") {
 		t.Fatalf("create from an image of another runtime build: %v", err)
+	}
+}
+
+// In a cluster a sandbox paused to disk has its image uploaded and its
+// root recorded; another host the cluster moved it to adopts it on
+// connect, with its memory, id and token; a host it was not moved to does
+// not know it.
+func TestPausedSandboxMoves(t *testing.T) {
+	images := newMemImages()
+	a := newEnv(t, nil)
+	a.m.Close()
+	a.images, a.cluster = images, otherHost{}
+	a.start()
+	b := newEnv(t, nil)
+	b.m.Close()
+	moved := map[string]bool{}
+	b.images, b.cluster = images, otherHost{m: a.m, moved: moved}
+	b.start()
+
+	sb := a.create(sandbox.CreateRequest{})
+	a.write(sb.ID, "paused-on-a")
+	if err := a.m.Pause(context.Background(), sb.ID, sandbox.PauseRequest{Spill: true}); err != nil {
+		t.Fatal(err)
+	}
+	var rec *sandbox.Sandbox
+	deadline := time.Now().Add(10 * time.Second)
+	for rec == nil || rec.PausedRoot == "" {
+		if time.Now().After(deadline) {
+			t.Fatalf("the paused image was not uploaded: %+v", rec)
+		}
+		time.Sleep(20 * time.Millisecond)
+		rec, _ = a.m.Get(context.Background(), sb.ID)
+	}
+	if !images.has(rec.PausedRoot) {
+		t.Fatalf("root %s not in the store", rec.PausedRoot)
+	}
+	if _, _, err := b.m.Connect(context.Background(), sb.ID, sandbox.ConnectRequest{}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("connect on a host it was not moved to: %v", err)
+	}
+	moved[sb.ID] = true
+	got, resumed, err := b.m.Connect(context.Background(), sb.ID, sandbox.ConnectRequest{})
+	if err != nil || !resumed {
+		t.Fatalf("connect on the host it moved to: %v (resumed %v)", err, resumed)
+	}
+	if got.ID != sb.ID || got.AccessToken != sb.AccessToken || got.PausedRoot != "" || got.PausedImage != "" {
+		t.Errorf("resumed record: %+v", got)
+	}
+	if m := b.memory(sb.ID); m != "paused-on-a" {
+		t.Errorf("memory %q after the move", m)
 	}
 }

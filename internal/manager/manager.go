@@ -102,17 +102,21 @@ type Deps struct {
 	// Images is where snapshot images are uploaded to and imported from
 	// (nil: nowhere; a snapshot lives in the data directory only).
 	Images ImageStore
-	// Shared finds the snapshots other hosts of a cluster took (nil: a
-	// single host). Needs Images: their images come from the store.
-	Shared SharedSnapshots
+	// Cluster is what the other hosts of a cluster share with this one
+	// (nil: a single host). Needs Images: images travel through it.
+	Cluster Cluster
 }
 
-// SharedSnapshots are the snapshots of the other hosts of a cluster
+// Cluster is the rest of a cluster, as a host sees it
 // (internal/clusterhost).
-type SharedSnapshots interface {
+type Cluster interface {
 	// FindSnapshot returns the record of a snapshot of team that another
 	// host took, by id or name: ErrNotFound if there is none.
 	FindSnapshot(ctx context.Context, team, idOrName string) (*sandbox.Snapshot, error)
+	// MovedHere returns the record of a paused sandbox the cluster moved
+	// to this host from another (its PausedRoot names its image in the
+	// store): ErrNotFound if the cluster has none such.
+	MovedHere(ctx context.Context, id string) (*sandbox.Sandbox, error)
 }
 
 // Manager owns the live sandboxes. Safe for concurrent use.
@@ -126,10 +130,10 @@ type Manager struct {
 	ids   sandbox.IDs
 	log   *slog.Logger
 	// custom resolves templates built at runtime (custom.go; nil: none).
-	custom CustomTemplates
-	images ImageStore      // nil: none
-	shared SharedSnapshots // nil: none
-	up     *uploads
+	custom  CustomTemplates
+	images  ImageStore // nil: none
+	cluster Cluster    // nil: a single host
+	up      *uploads
 	// bg is the background work's context (uploads, collections),
 	// cancelled by Close.
 	bg     context.Context
@@ -174,7 +178,7 @@ func New(cfg Config, d Deps) *Manager {
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	return &Manager{cfg: cfg, boxes: boxes, pool: p, adm: p.Admission(), st: d.Store, tpl: d.Templates, ids: ids, log: d.Log,
-		images: d.Images, shared: d.Shared, up: newUploads(), bg: bg, cancel: cancel,
+		images: d.Images, cluster: d.Cluster, up: newUploads(), bg: bg, cancel: cancel,
 		live: map[string]*Live{}, tombs: map[string]tomb{}, closing: make(chan struct{})}
 }
 

@@ -2,6 +2,7 @@ package manager
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"time"
@@ -118,6 +119,7 @@ func (m *Manager) pauseFiles(ctx context.Context, l *Live) error {
 	}
 	cu.Release()
 	m.boxes.DestroyLater(b, 0)
+	m.queuePausedUpload(l.rec.ID)
 	m.log.Info("sandbox paused, its files only", "sandbox.id", l.rec.ID)
 	return nil
 }
@@ -167,6 +169,7 @@ func (m *Manager) spill(ctx context.Context, l *Live) error {
 	}
 	timing.Since(ctx, "spill", t0)
 	m.boxes.DestroyLater(old, 0)
+	m.queuePausedUpload(l.rec.ID)
 	m.log.Info("paused sandbox moved to disk", "sandbox.id", l.rec.ID, "bytes", imageSize(img))
 	return nil
 }
@@ -181,6 +184,14 @@ func (m *Manager) Connect(ctx context.Context, id string, req sandbox.ConnectReq
 		return nil, false, err
 	}
 	l, err := m.begin(ctx, id, "connecting to it", running, frozen, spilled)
+	if errors.Is(err, errdefs.ErrNotFound) && m.cluster != nil {
+		// Perhaps a paused sandbox the cluster moved here (travel.go).
+		if aerr := m.adoptMoved(ctx, id); aerr == nil {
+			l, err = m.begin(ctx, id, "connecting to it", running, frozen, spilled)
+		} else if !errors.Is(aerr, errdefs.ErrNotFound) {
+			return nil, false, aerr
+		}
+	}
 	if err != nil {
 		return nil, false, err
 	}
@@ -242,13 +253,13 @@ func (m *Manager) resume(ctx context.Context, l *Live, timeout time.Duration) er
 		l.update(func() { l.box, l.rec.RuntimeID = b, b.RID })
 		cu.Add(func() { l.update(func() { l.box = nil }) })
 	}
-	prevEnd, mode := l.rec.EndAt, l.rec.PauseMode
+	prevEnd, mode, root := l.rec.EndAt, l.rec.PauseMode, l.rec.PausedRoot
 	l.update(func() {
-		l.rec.PausedImage, l.rec.PauseMode, l.rec.EndAt = "", "", time.Now().UTC().Add(timeout)
+		l.rec.PausedImage, l.rec.PausedRoot, l.rec.PauseMode, l.rec.EndAt = "", "", "", time.Now().UTC().Add(timeout)
 	})
 	l.setPhase(running)
 	cu.Add(func() {
-		l.update(func() { l.rec.PausedImage, l.rec.PauseMode, l.rec.EndAt = img, mode, prevEnd })
+		l.update(func() { l.rec.PausedImage, l.rec.PausedRoot, l.rec.PauseMode, l.rec.EndAt = img, root, mode, prevEnd })
 		l.setPhase(was)
 	})
 	if err := m.put(ctx, l.rec); err != nil {
@@ -315,14 +326,14 @@ func (m *Manager) reboot(ctx context.Context, l *Live, timeout time.Duration) er
 	if err := m.boxes.HandOff(ctx, b, m.handOff(l.rec)); err != nil {
 		return err
 	}
-	old, prevEnd := l.box, l.rec.EndAt
+	old, prevEnd, root := l.box, l.rec.EndAt, l.rec.PausedRoot
 	l.update(func() {
 		l.box, l.rec.RuntimeID = b, b.RID
-		l.rec.PausedImage, l.rec.PauseMode, l.rec.EndAt = "", "", time.Now().UTC().Add(timeout)
+		l.rec.PausedImage, l.rec.PausedRoot, l.rec.PauseMode, l.rec.EndAt = "", "", "", time.Now().UTC().Add(timeout)
 	})
 	l.setPhase(running)
 	cu.Add(func() {
-		l.update(func() { l.box, l.rec.PausedImage, l.rec.PauseMode, l.rec.EndAt = old, img, mode, prevEnd })
+		l.update(func() { l.box, l.rec.PausedImage, l.rec.PausedRoot, l.rec.PauseMode, l.rec.EndAt = old, img, root, mode, prevEnd })
 		l.setPhase(was)
 	})
 	if err := m.put(ctx, l.rec); err != nil {

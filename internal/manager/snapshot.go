@@ -54,11 +54,11 @@ func (m *Manager) findSnapshot(ctx context.Context, idOrName string) (*sandbox.S
 // imports it for each use.
 func (m *Manager) findSource(ctx context.Context, idOrName string) (*sandbox.Snapshot, error) {
 	sn, err := m.findSnapshot(ctx, idOrName)
-	if err == nil || m.shared == nil || m.images == nil || !errors.Is(err, errdefs.ErrNotFound) {
+	if err == nil || m.cluster == nil || m.images == nil || !errors.Is(err, errdefs.ErrNotFound) {
 		return sn, err
 	}
 	team, _ := sandbox.TeamOf(ctx)
-	if sn, err = m.shared.FindSnapshot(ctx, team, idOrName); err != nil {
+	if sn, err = m.cluster.FindSnapshot(ctx, team, idOrName); err != nil {
 		return nil, err
 	}
 	switch {

@@ -50,8 +50,11 @@ type Sandbox struct {
 	// was last saved to: the parent of its next snapshot.
 	BaseSnapshot string
 	// PausedImage is where a sandbox paused to disk keeps its state ("" if
-	// it runs, or is paused in memory).
+	// it runs, or is paused in memory). PausedRoot names that image in the
+	// chunk store once it is uploaded there (in a cluster, where another
+	// host may resume it).
 	PausedImage string
+	PausedRoot  string
 	// PauseMode says what a paused sandbox's pause saved: PauseFull (its
 	// memory and files; "" in records of older daemons) or PauseFiles (its
 	// files only: resuming boots it afresh from them). "" while it runs.

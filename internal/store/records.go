@@ -40,6 +40,7 @@ type sandboxRecord struct {
 	ParentID     string            `json:"ParentID"`
 	BaseSnapshot string            `json:"BaseSnapshot"`
 	PausedImage  string            `json:"PausedImage"`
+	PausedRoot   string            `json:"PausedRoot,omitempty"` // since paused sandboxes travel
 	PauseMode    string            `json:"PauseMode,omitempty"`
 	BootMode     string            `json:"BootMode"`
 	Network      networkRecord     `json:"Network"`
@@ -125,7 +126,7 @@ func sandboxToRecord(s *sandbox.Sandbox) *sandboxRecord {
 		StartedAt: s.StartedAt, EndAt: s.EndAt, Metadata: s.Metadata, Envs: s.Envs,
 		CPUCount: s.CPUCount, MemoryMB: s.MemoryMB, DiskSizeMB: s.DiskSizeMB, PidsMax: s.PidsMax, OpenFiles: s.OpenFiles,
 		AccessToken: s.AccessToken, OnTimeout: s.OnTimeout, AutoResume: s.AutoResume, AutoPauseFS: s.AutoPauseFiles,
-		Rootfs: s.Rootfs, ParentID: s.ParentID, BaseSnapshot: s.BaseSnapshot, PausedImage: s.PausedImage,
+		Rootfs: s.Rootfs, ParentID: s.ParentID, BaseSnapshot: s.BaseSnapshot, PausedImage: s.PausedImage, PausedRoot: s.PausedRoot,
 		PauseMode: s.PauseMode, BootMode: s.BootMode, Network: netRecord(s.Network),
 	}
 }
@@ -139,7 +140,7 @@ func (r *sandboxRecord) domain() (*sandbox.Sandbox, error) {
 		StartedAt: r.StartedAt, EndAt: r.EndAt, Metadata: r.Metadata, Envs: r.Envs,
 		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB, PidsMax: r.PidsMax, OpenFiles: r.OpenFiles,
 		AccessToken: r.AccessToken, OnTimeout: r.OnTimeout, AutoResume: r.AutoResume, AutoPauseFiles: r.AutoPauseFS,
-		Rootfs: r.Rootfs, ParentID: r.ParentID, BaseSnapshot: r.BaseSnapshot, PausedImage: r.PausedImage,
+		Rootfs: r.Rootfs, ParentID: r.ParentID, BaseSnapshot: r.BaseSnapshot, PausedImage: r.PausedImage, PausedRoot: r.PausedRoot,
 		PauseMode: r.PauseMode, BootMode: r.BootMode, Network: r.Network.domain(),
 	}, nil
 }
@@ -165,6 +166,19 @@ func (r *snapshotRecord) domain() (*sandbox.Snapshot, error) {
 		Network: r.Network.domain(), Upload: sandbox.UploadState(r.Upload), StoreRoot: r.StoreRoot, UploadError: r.UploadError,
 		Runtime: r.Runtime,
 	}, nil
+}
+
+// EncodeSandbox and DecodeSandbox are the sandbox record as this file keeps
+// it, for the cluster's rows: a host resumes a paused sandbox another host
+// paused from it.
+func EncodeSandbox(sb *sandbox.Sandbox) ([]byte, error) { return json.Marshal(sandboxToRecord(sb)) }
+
+func DecodeSandbox(b []byte) (*sandbox.Sandbox, error) {
+	var r sandboxRecord
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("decoding sandbox record: %w", err)
+	}
+	return r.domain()
 }
 
 // EncodeSnapshot and DecodeSnapshot are the snapshot record as this file

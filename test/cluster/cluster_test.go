@@ -31,6 +31,7 @@ func TestCluster(t *testing.T) {
 		{"partition", testPartitionAndHeal},
 		{"never-two-copies", testNeverTwoCopies},
 		{"snapshot-travels", testSnapshotTravels},
+		{"paused-moves", testPausedMoves},
 		{"host-killed", testHostKilled},
 	} {
 		if !t.Run(tc.name, tc.f) && tc.name == "routes" {

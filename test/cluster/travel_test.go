@@ -3,9 +3,13 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cellfork/cellfork/internal/clusterdb"
 )
 
 // waitUploaded waits until the snapshot's image is in the cluster's chunk
@@ -104,5 +108,71 @@ print(x, open("/tmp/travel.txt").read(), p.pid, p.poll())`
 	}
 	if out, status := runCode(t, "eu", moved, check); out != want {
 		t.Fatalf("state after the rollback: %d %q, want %q", status, out, want)
+	}
+}
+
+// testPausedMoves: a sandbox paused on a host that then dies resumes on
+// another host through the chunk store, with its id, its access token and
+// its state (a REPL variable, a file); its old host, back, drops its copy.
+func testPausedMoves(t *testing.T) {
+	ctx := context.Background()
+	sb := create(t, "eu", nil)
+	a := hostOf(t, sb)
+	if out, status := runCode(t, "eu", sb, `x = 7; open("/tmp/moved.txt", "w").write("paused on A"); print(x)`); out != "7\n" {
+		t.Fatalf("setting state up: %d %q", status, out)
+	}
+	if r := do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/pause", nil, nil); r.status != 204 {
+		t.Fatalf("pause: %d %s", r.status, r.body)
+	}
+	db, err := clusterdb.Open(ctx, c.PG.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	eventually(t, 60*time.Second, "the paused image to be in the chunk store", func() bool {
+		row, err := db.GetSandbox(ctx, sb.ID)
+		return err == nil && row.StoreRoot != ""
+	})
+
+	a.Kill()
+	restarted := false
+	defer func() {
+		if !restarted {
+			if err := a.Start(); err != nil {
+				t.Errorf("starting host %d again: %v", a.N, err)
+			}
+		}
+	}()
+	t0 := time.Now()
+	var r resp
+	eventually(t, 40*time.Second, "the paused sandbox to resume on another host", func() bool {
+		r = do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/connect", map[string]any{"timeout": 120}, nil)
+		return r.status/100 == 2
+	})
+	t.Logf("resumed elsewhere %v after its host was killed (Server-Timing %s)", time.Since(t0).Round(100*time.Millisecond), r.header.Get("Server-Timing"))
+	if st := r.header.Get("Server-Timing"); !strings.Contains(st, "import;dur=") || !strings.Contains(st, "move;dur=") {
+		t.Errorf("the resume did not move and import: Server-Timing %q", st)
+	}
+	row, err := db.GetSandbox(ctx, sb.ID)
+	if err != nil || row.HostSlot == a.N || row.HomeSlot != a.N || row.State != "running" {
+		t.Fatalf("row after the move: %+v %v", row, err)
+	}
+	if out, status := runCode(t, "eu", sb, `print(x, open("/tmp/moved.txt").read())`); out != "7 paused on A\n" {
+		t.Fatalf("state on the new host (same token): %d %q", status, out)
+	}
+
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+	eventually(t, 30*time.Second, "the old host to drop its copy", func() bool {
+		_, err := os.Stat(filepath.Join(a.DataDir, "paused", sb.ID))
+		return os.IsNotExist(err)
+	})
+	if out, _ := runCode(t, "eu", sb, "print(x + 1)"); out != "8\n" {
+		t.Errorf("after the old host came back: %q", out)
+	}
+	if row, err := db.GetSandbox(ctx, sb.ID); err != nil || row.HostSlot == a.N {
+		t.Errorf("row after the old host came back: %+v %v", row, err)
 	}
 }
