@@ -333,7 +333,9 @@ func (m *Manager) reboot(ctx context.Context, l *Live, timeout time.Duration) er
 	})
 	l.setPhase(running)
 	cu.Add(func() {
-		l.update(func() { l.box, l.rec.PausedImage, l.rec.PausedRoot, l.rec.PauseMode, l.rec.EndAt = old, img, root, mode, prevEnd })
+		l.update(func() {
+			l.box, l.rec.PausedImage, l.rec.PausedRoot, l.rec.PauseMode, l.rec.EndAt = old, img, root, mode, prevEnd
+		})
 		l.setPhase(was)
 	})
 	if err := m.put(ctx, l.rec); err != nil {
