@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"github.com/cellfork/cellfork/internal/gateway"
 	"github.com/cellfork/cellfork/internal/ids"
 	"github.com/cellfork/cellfork/internal/metrics"
+	"github.com/cellfork/cellfork/internal/placement"
 	"github.com/cellfork/cellfork/internal/telemetry"
 )
 
@@ -120,6 +122,8 @@ const adminUsage = `usage: cellfork admin [--cluster URL] COMMAND
   sandboxes SLOT                        the sandbox rows a host holds (every team)
   cordon SLOT | drain SLOT [--wait] [--timeout D] | activate SLOT
                                         drain: no new sandboxes; --wait: until its running ones end
+  evacuate SLOT                         hand a cordoned or draining host's paused sandboxes to other
+                                        hosts (their images are in the chunk store); each resumes there
   rotate-token-key                      new sandbox tokens from a new key (the previous one still checks)
 `
 
@@ -317,14 +321,91 @@ func admin(ctx context.Context, db *clusterdb.DB, args []string, out io.Writer, 
 			return waitDrained(ctx, db, slot, *timeout, out)
 		}
 		return nil
+	case "evacuate":
+		if len(args) != 2 {
+			return errUsage
+		}
+		slot, err := strconv.Atoi(args[1])
+		if err != nil {
+			return errUsage
+		}
+		return evacuate(ctx, db, slot, out)
 	case "rotate-token-key":
 		return db.RotateTokenKey(ctx, ids.RandomKey())
 	}
 	return errUsage
 }
 
+// evacuate hands the paused sandboxes of host slot (cordoned, draining or
+// lost) whose images are in the chunk store to other hosts of its region,
+// one at a time, as a resume of one would (clusterdb.Move); the new host
+// imports one when it is first used. It says what moved where and what
+// stays (paused in memory, or its upload not done: evacuate again later).
+func evacuate(ctx context.Context, db *clusterdb.DB, slot int, out io.Writer) error {
+	hosts, err := db.Hosts(ctx, time.Time{})
+	if err != nil {
+		return err
+	}
+	var from *clusterdb.Host
+	for i := range hosts {
+		if hosts[i].Slot == slot {
+			from = &hosts[i]
+		}
+	}
+	if from == nil {
+		return fmt.Errorf("no host with slot %d", slot)
+	}
+	if from.State == "active" {
+		return fmt.Errorf("host %d is active: cordon or drain it first (it would take new sandboxes)", slot)
+	}
+	sbs, err := db.HostSandboxes(ctx, slot)
+	if err != nil {
+		return err
+	}
+	table := placement.NewTable(hosts, time.Now())
+	rng := mrand.New(mrand.NewPCG(mrand.Uint64(), mrand.Uint64()))
+	moved, stay := 0, 0
+	for _, s := range sbs {
+		if s.State != "paused" {
+			continue
+		}
+		if s.StoreRoot == "" {
+			fmt.Fprintf(out, "%s stays: its image is not in the chunk store yet (paused in memory, or uploading); evacuate again later\n", s.ID)
+			stay++
+			continue
+		}
+		req := placement.Request{Region: s.Region, MemoryMB: int64(s.MemoryMB), Versions: []string{"runsc=" + s.Runtime}, Exclude: map[int]bool{slot: true}}
+		cands, why := table.Choose(req, rng)
+		done := false
+		for _, h := range cands {
+			err := db.Move(ctx, s.ID, slot, s.Generation, h.Slot, placement.Reserve)
+			if errors.Is(err, clusterdb.ErrNoCapacity) {
+				continue
+			}
+			if err != nil && !errors.Is(err, clusterdb.ErrStale) {
+				return err
+			}
+			if err == nil {
+				fmt.Fprintf(out, "%s -> host %d\n", s.ID, h.Slot)
+				moved++
+			} else {
+				fmt.Fprintf(out, "%s stays: it changed meanwhile (resumed or killed)\n", s.ID)
+				stay++
+			}
+			done = true
+			break
+		}
+		if !done {
+			fmt.Fprintf(out, "%s stays: no other host can take it (%s)\n", s.ID, why)
+			stay++
+		}
+	}
+	fmt.Fprintf(out, "host %d: %d paused sandboxes moved, %d stay\n", slot, moved, stay)
+	return nil
+}
+
 // waitDrained waits until host slot runs no sandbox (paused ones stay on
-// it: they wait for images that travel), saying every few seconds how
+// it: evacuate moves them), saying every few seconds how
 // many are left.
 func waitDrained(ctx context.Context, db *clusterdb.DB, slot int, timeout time.Duration, out io.Writer) error {
 	if timeout > 0 {
@@ -347,7 +428,7 @@ func waitDrained(ctx context.Context, db *clusterdb.DB, slot int, timeout time.D
 			}
 		}
 		if err == nil && running == 0 {
-			fmt.Fprintf(out, "host %d is drained (%d paused sandboxes stay on it)\n", slot, len(sbs))
+			fmt.Fprintf(out, "host %d is drained (%d paused sandboxes stay on it: `cellfork admin evacuate %d` moves them)\n", slot, len(sbs), slot)
 			return nil
 		}
 		if running != last {

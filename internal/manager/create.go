@@ -136,8 +136,8 @@ func (m *Manager) Create(ctx context.Context, req sandbox.CreateRequest) (*sandb
 		}
 		// Idempotent by id: a retried create answers the sandbox the
 		// first one made (of the same team; another team's is a clash).
-		if sb, err := m.Get(ctx, id); err == nil {
-			return sb, nil
+		if l, err := m.find(ctx, id); err == nil {
+			return l.record(), nil
 		}
 		if m.exists(id) {
 			return nil, errdefs.New(errdefs.ErrAlreadyExists, "sandbox id %q is taken", id)

@@ -223,6 +223,20 @@ func (m *Manager) lives() []*Live {
 
 // lookup returns the live sandbox or a NotFound error.
 func (m *Manager) lookup(ctx context.Context, id string) (*Live, error) {
+	l, err := m.find(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) && m.cluster != nil && !errors.Is(err, sandbox.ErrDied) {
+		// Perhaps a paused sandbox the cluster moved here (travel.go).
+		if aerr := m.adoptMoved(ctx, id); aerr == nil {
+			return m.find(ctx, id)
+		} else if !errors.Is(aerr, errdefs.ErrNotFound) {
+			return nil, aerr
+		}
+	}
+	return l, err
+}
+
+// find is lookup among the sandboxes this host holds.
+func (m *Manager) find(ctx context.Context, id string) (*Live, error) {
 	m.mu.Lock()
 	l := m.live[id]
 	m.mu.Unlock()

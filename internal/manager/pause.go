@@ -2,7 +2,6 @@ package manager
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"time"
@@ -184,14 +183,6 @@ func (m *Manager) Connect(ctx context.Context, id string, req sandbox.ConnectReq
 		return nil, false, err
 	}
 	l, err := m.begin(ctx, id, "connecting to it", running, frozen, spilled)
-	if errors.Is(err, errdefs.ErrNotFound) && m.cluster != nil {
-		// Perhaps a paused sandbox the cluster moved here (travel.go).
-		if aerr := m.adoptMoved(ctx, id); aerr == nil {
-			l, err = m.begin(ctx, id, "connecting to it", running, frozen, spilled)
-		} else if !errors.Is(aerr, errdefs.ErrNotFound) {
-			return nil, false, aerr
-		}
-	}
 	if err != nil {
 		return nil, false, err
 	}

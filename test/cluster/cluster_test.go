@@ -32,6 +32,7 @@ func TestCluster(t *testing.T) {
 		{"never-two-copies", testNeverTwoCopies},
 		{"snapshot-travels", testSnapshotTravels},
 		{"paused-moves", testPausedMoves},
+		{"evacuate", testEvacuate},
 		{"host-killed", testHostKilled},
 	} {
 		if !t.Run(tc.name, tc.f) && tc.name == "routes" {

@@ -176,3 +176,56 @@ func testPausedMoves(t *testing.T) {
 		t.Errorf("row after the old host came back: %+v %v", row, err)
 	}
 }
+
+// testEvacuate: an operator drains a host and evacuates its paused
+// sandboxes; each is shown, resumed and used on its new host.
+func testEvacuate(t *testing.T) {
+	ctx := context.Background()
+	sb := create(t, "eu", nil)
+	a := hostOf(t, sb)
+	if out, status := runCode(t, "eu", sb, `y = "evacuated"; print(y)`); out != "evacuated\n" {
+		t.Fatalf("setting state up: %d %q", status, out)
+	}
+	if r := do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/pause", map[string]any{"spill": true}, nil); r.status != 204 {
+		t.Fatalf("pause: %d %s", r.status, r.body)
+	}
+	slot := fmt.Sprint(a.N)
+	if out, err := c.AdminOut(ctx, "evacuate", slot); err == nil || !strings.Contains(err.Error(), "cordon or drain it first") {
+		t.Errorf("evacuating an active host: %q %v", out, err)
+	}
+	if err := c.Admin(ctx, "drain", slot); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := c.Admin(ctx, "activate", slot); err != nil {
+			t.Errorf("activating host %s again: %v", slot, err)
+		}
+	}()
+	db, err := clusterdb.Open(ctx, c.PG.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	eventually(t, 60*time.Second, "the paused image to be in the chunk store", func() bool {
+		row, err := db.GetSandbox(ctx, sb.ID)
+		return err == nil && row.StoreRoot != ""
+	})
+	out, err := c.AdminOut(ctx, "evacuate", slot)
+	if err != nil || !strings.Contains(out, sb.ID+" -> host ") || !strings.Contains(out, "1 paused sandboxes moved, 0 stay") {
+		t.Fatalf("evacuate: %q %v", out, err)
+	}
+	time.Sleep(time.Second) // the gateways hear of the move (NOTIFY)
+	var info map[string]any
+	if r := do(t, "eu", "GET", "/sandboxes/"+sb.ID, nil, nil); jsonOf(r, &info) != nil || info["state"] != "paused" {
+		t.Fatalf("get on the new host: %d %s", r.status, r.body)
+	}
+	if r := do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/connect", map[string]any{"timeout": 60}, nil); r.status/100 != 2 {
+		t.Fatalf("connect on the new host: %d %s", r.status, r.body)
+	}
+	if out, status := runCode(t, "eu", sb, `print(y)`); out != "evacuated\n" {
+		t.Fatalf("state on the new host: %d %q", status, out)
+	}
+	if row, err := db.GetSandbox(ctx, sb.ID); err != nil || row.HostSlot == a.N {
+		t.Errorf("row after the evacuation: %+v %v", row, err)
+	}
+}
