@@ -8,7 +8,7 @@ import (
 
 // TestDeps checks that the CLI links no daemon, runtime or store code: of
 // this module only internal/client and the generated wire code
-// (internal/envd/... and internal/api/apitypes, not internal/api itself),
+// (internal/envd and internal/envd/..., internal/api/apitypes, not internal/api itself),
 // and outside the standard library only connect and protobuf (which the
 // generated envd code needs).
 func TestDeps(t *testing.T) {
@@ -24,7 +24,7 @@ func TestDeps(t *testing.T) {
 	for _, pkg := range strings.Fields(string(out)) {
 		switch {
 		case pkg == self+"internal/cli" || pkg == self+"internal/client":
-		case strings.HasPrefix(pkg, self+"internal/envd/"), pkg == self+"internal/api/apitypes":
+		case pkg == self+"internal/envd", strings.HasPrefix(pkg, self+"internal/envd/"), pkg == self+"internal/api/apitypes":
 		case pkg == "connectrpc.com/connect" || strings.HasPrefix(pkg, "connectrpc.com/connect/internal/"):
 		case strings.HasPrefix(pkg, "google.golang.org/protobuf/"):
 		default:

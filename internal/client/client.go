@@ -23,12 +23,6 @@ import (
 	"github.com/cellfork/cellfork/internal/api/apitypes"
 )
 
-// Ports the agent serves inside every sandbox.
-const (
-	EnvdPort            = 49983
-	CodeInterpreterPort = 49999
-)
-
 const (
 	// controlTimeout bounds one control-plane call (create may cold-start).
 	controlTimeout = 2 * time.Minute

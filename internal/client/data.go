@@ -14,6 +14,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cellfork/cellfork/internal/envd"
 	"github.com/cellfork/cellfork/internal/envd/filesystem"
 	"github.com/cellfork/cellfork/internal/envd/filesystem/filesystemconnect"
 	"github.com/cellfork/cellfork/internal/envd/process"
@@ -69,7 +70,7 @@ func (c *Client) RunCode(ctx context.Context, id, token, code, contextID string,
 		body["context_id"] = contextID
 	}
 	b, _ := json.Marshal(body)
-	resp, err := c.DataRequest(ctx, http.MethodPost, id, CodeInterpreterPort, token, "", "/execute", bytes.NewReader(b), "application/json")
+	resp, err := c.DataRequest(ctx, http.MethodPost, id, envd.CodeInterpreterPort, token, "", "/execute", bytes.NewReader(b), "application/json")
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +138,7 @@ func (c *Client) RunCommand(ctx context.Context, id, token, user, command, cwd s
 		cfg.Cwd = &cwd
 	}
 	req := connect.NewRequest(&process.StartRequest{Process: cfg, Stdin: &stdin})
-	SetDataHeaders(req.Header(), id, EnvdPort, token, user)
+	SetDataHeaders(req.Header(), id, envd.Port, token, user)
 	req.Header().Set("Keepalive-Ping-Interval", "30")
 	runCtx, cancel := ctx, context.CancelFunc(func() {})
 	if timeout > 0 {
@@ -178,7 +179,7 @@ func (c *Client) RunCommand(ctx context.Context, id, token, user, command, cwd s
 				Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}},
 				Signal:  process.Signal_SIGNAL_SIGKILL,
 			})
-			SetDataHeaders(kill.Header(), id, EnvdPort, token, user)
+			SetDataHeaders(kill.Header(), id, envd.Port, token, user)
 			_, _ = pc.SendSignal(kctx, kill)
 			return &out, fmt.Errorf("command did not finish within %s and was killed", timeout)
 		}
@@ -199,7 +200,7 @@ func connectError(err error) error {
 // ReadFile returns the file at path in the sandbox, read as user.
 func (c *Client) ReadFile(ctx context.Context, id, token, user, path string, limit int64) ([]byte, error) {
 	q := url.Values{"path": {path}}
-	resp, err := c.DataRequest(ctx, http.MethodGet, id, EnvdPort, token, user, "/files?"+q.Encode(), nil, "")
+	resp, err := c.DataRequest(ctx, http.MethodGet, id, envd.Port, token, user, "/files?"+q.Encode(), nil, "")
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +218,7 @@ func (c *Client) ReadFile(ctx context.Context, id, token, user, path string, lim
 // WriteFile writes data to path in the sandbox as user (parents created).
 func (c *Client) WriteFile(ctx context.Context, id, token, user, path string, data []byte) error {
 	q := url.Values{"path": {path}}
-	resp, err := c.DataRequest(ctx, http.MethodPost, id, EnvdPort, token, user, "/files?"+q.Encode(), bytes.NewReader(data), "application/octet-stream")
+	resp, err := c.DataRequest(ctx, http.MethodPost, id, envd.Port, token, user, "/files?"+q.Encode(), bytes.NewReader(data), "application/octet-stream")
 	if err != nil {
 		return err
 	}
@@ -237,7 +238,7 @@ type Entry struct {
 func (c *Client) ListDir(ctx context.Context, id, token, user, path string, depth int) ([]Entry, error) {
 	fc := filesystemconnect.NewFilesystemClient(c.HTTP, c.Base, connect.WithProtoJSON())
 	req := connect.NewRequest(&filesystem.ListDirRequest{Path: path, Depth: uint32(max(depth, 1))})
-	SetDataHeaders(req.Header(), id, EnvdPort, token, user)
+	SetDataHeaders(req.Header(), id, envd.Port, token, user)
 	resp, err := fc.ListDir(ctx, req)
 	if err != nil {
 		return nil, connectError(err)

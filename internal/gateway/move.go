@@ -23,8 +23,12 @@ func isResume(r *http.Request) bool {
 // away reports whether h cannot resume its paused sandboxes itself: lost,
 // not heartbeating, or draining (an operator empties it).
 func away(h clusterdb.Host) bool {
-	return h.State == "lost" || h.State == "draining" || !h.LeaseUntil.After(time.Now())
+	return h.State == "lost" || h.State == "draining" || silent(h)
 }
+
+// silent reports whether h's lease ran out (it may not be declared lost
+// yet).
+func silent(h clusterdb.Host) bool { return !h.LeaseUntil.After(time.Now()) }
 
 // resumeElsewhere moves a paused sandbox whose host is away to another
 // host of its region, when its image is in the chunk store: its row is

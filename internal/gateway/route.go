@@ -367,7 +367,7 @@ func (g *Gateway) toRegion(w http.ResponseWriter, r *http.Request, regionID int)
 func (g *Gateway) anyHost(w http.ResponseWriter, r *http.Request, c caller) {
 	v := g.view.Load()
 	for _, h := range v.Hosts {
-		if h.Region == v.Region.ID && h.State == "active" && h.LeaseUntil.After(time.Now()) {
+		if h.Region == v.Region.ID && h.State == "active" && !silent(h) {
 			g.forward(w, r, toHost(h.Addr, c.team.ID, ""), nil)
 			return
 		}
@@ -423,7 +423,7 @@ func (g *Gateway) hosts(w http.ResponseWriter) {
 			region = reg.Name
 		}
 		state := h.State
-		if state == "active" && !h.LeaseUntil.After(time.Now()) {
+		if state == "active" && silent(h) {
 			state = "unreachable"
 		}
 		out = append(out, map[string]any{"id": fmt.Sprintf("%d %s", h.Slot, h.Name), "slot": h.Slot, "region": region,

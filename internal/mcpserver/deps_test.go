@@ -24,7 +24,7 @@ func TestDeps(t *testing.T) {
 		switch {
 		case !strings.HasPrefix(pkg, self):
 		case pkg == self+"internal/mcpserver" || pkg == self+"internal/client" || pkg == self+"internal/api/apitypes":
-		case strings.HasPrefix(pkg, self+"internal/envd/"):
+		case pkg == self+"internal/envd", strings.HasPrefix(pkg, self+"internal/envd/"):
 		default:
 			t.Errorf("internal/mcpserver depends on %s", pkg)
 		}
