@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -250,7 +251,9 @@ func (g *Gateway) place(w http.ResponseWriter, r *http.Request, c caller, req pl
 		return nil, errTeam(c, c.max)
 	}
 	rng := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
-	req.Exclude = map[int]bool{}
+	if req.Exclude == nil {
+		req.Exclude = map[int]bool{}
+	}
 	for tries := 0; tries < maxCreateTries; {
 		t0 := time.Now()
 		cands, reasons := g.view.Load().table.Choose(req, rng)
@@ -338,8 +341,7 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.H
 }
 
 // fork forwards a fork to the parent's host for as many children as it
-// has room for; the others are error entries until images travel between
-// hosts.
+// has room for, and makes the others on other hosts (forkElsewhere).
 func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, c caller, id string, h clusterdb.Host) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
 	if err != nil {
@@ -369,9 +371,6 @@ func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, c caller, id stri
 		g.forward(w, r, toHost(h.Addr, c.team.ID, ""), nil)
 		return
 	}
-	short := n - max(room, 0)
-	missing := map[string]any{"error": map[string]any{"code": http.StatusServiceUnavailable,
-		"message": fmt.Sprintf("the parent's host has room for %d of the %d children; children on other hosts need images that travel between hosts, which this cluster does not do yet", max(room, 0), n)}}
 	results := []any{}
 	if room > 0 {
 		b["count"] = room
@@ -392,11 +391,106 @@ func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, c caller, id stri
 		}
 		_ = json.NewDecoder(resp.Body).Decode(&results)
 	}
-	for range short {
-		results = append(results, missing)
-	}
+	results = append(results, g.forkElsewhere(r, c, id, h, n-max(room, 0), mem, b["timeout"])...)
 	w.Header().Set("Content-Length", strconv.Itoa(len(mustJSON(results))))
 	api.WriteJSON(w, http.StatusCreated, results)
+}
+
+// forkElsewhere makes k children of sandbox id on hosts other than its own,
+// h, which has no room for them: a snapshot of the parent, taken on h and
+// uploaded to the chunk store, and each child created from it on another
+// host of the region (which imports the image), as a create is placed.
+// The snapshot is deleted once they run (they keep what they mapped). Such
+// a child is a sandbox created from the parent's state, not a fork child:
+// merging it is not possible. It returns an entry per child, a sandbox or
+// an error, as a fork answers.
+func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterdb.Host, k int, mem int64, timeout any) []any {
+	entries := func(code int, format string, args ...any) []any {
+		e := map[string]any{"error": map[string]any{"code": code, "message": fmt.Sprintf(format, args...)}}
+		out := make([]any, k)
+		for i := range out {
+			out[i] = e
+		}
+		return out
+	}
+	call := func(ctx context.Context, method, path string, body []byte) (int, []byte, error) {
+		req, err := http.NewRequestWithContext(ctx, method, "http://"+h.Addr+path, bytes.NewReader(body))
+		if err != nil {
+			return 0, nil, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		clusterauth.Sign(req, g.secrets.Load().Internal, c.team.ID, "", time.Now())
+		resp, err := g.toHosts.RoundTrip(req)
+		if err != nil {
+			return 0, nil, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return resp.StatusCode, b, err
+	}
+	t0 := time.Now()
+	status, body, err := call(r.Context(), http.MethodPost, "/sandboxes/"+id+"/snapshots", []byte("{}"))
+	if err != nil || status != http.StatusCreated {
+		return entries(http.StatusBadGateway, "the parent's host has no room for this child, and taking the parent's state to another host failed: %d %s %v", status, bytes.TrimSpace(body), err)
+	}
+	var sn struct {
+		ID string `json:"snapshotID"`
+	}
+	_ = json.Unmarshal(body, &sn)
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 30*time.Second)
+		defer cancel()
+		if status, body, err := call(ctx, http.MethodDelete, "/snapshots/"+sn.ID, nil); err != nil || status/100 != 2 {
+			g.log.Warn("deleting a fork's transfer snapshot", "snapshot.id", sn.ID, "status", status, "body", string(body), "err", err)
+		}
+	}()
+	db := g.db.Load()
+	if db == nil {
+		return entries(http.StatusServiceUnavailable, "the cluster database is unavailable; retry later")
+	}
+	var row clusterdb.Snapshot
+	for deadline := time.Now().Add(time.Minute); ; {
+		row, err = db.FindSnapshot(r.Context(), c.team.ID, sn.ID)
+		if err == nil && row.StoreRoot != "" {
+			break
+		}
+		if time.Now().After(deadline) || r.Context().Err() != nil {
+			return entries(http.StatusServiceUnavailable, "the parent's state did not reach the chunk store in time (%v); retry later", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	timing.Since(r.Context(), "export", t0)
+	create := map[string]any{"templateID": sn.ID}
+	if timeout != nil {
+		create["timeout"] = timeout
+	}
+	cb := mustJSON(create)
+	out := make([]any, 0, k)
+	for range k {
+		rec := httptest.NewRecorder()
+		cr := r.Clone(r.Context())
+		cr.Method, cr.URL.Path = http.MethodPost, "/v2/sandboxes"
+		req := placement.Request{Region: row.Region, MemoryMB: mem, Versions: []string{"runsc=" + row.Runtime}, Exclude: map[int]bool{h.Slot: true}}
+		reasons, err := g.place(rec, cr, c, req, cb)
+		if err != nil && !errors.Is(err, errNoHost) {
+			api.Fail(g.log, rec, cr, err)
+		}
+		switch {
+		case errors.Is(err, errNoHost):
+			out = append(out, entries(http.StatusServiceUnavailable, "no host has room for this child: %s", reasons)[0])
+		case rec.Code == http.StatusCreated:
+			var sb map[string]any
+			_ = json.Unmarshal(rec.Body.Bytes(), &sb)
+			out = append(out, map[string]any{"sandbox": sb})
+		default:
+			var e struct {
+				Message string `json:"message"`
+			}
+			_ = json.Unmarshal(rec.Body.Bytes(), &e)
+			out = append(out, entries(rec.Code, "%s", e.Message)[0])
+		}
+	}
+	return out
 }
 
 func mustJSON(v any) []byte {

@@ -33,6 +33,7 @@ func TestCluster(t *testing.T) {
 		{"snapshot-travels", testSnapshotTravels},
 		{"paused-moves", testPausedMoves},
 		{"evacuate", testEvacuate},
+		{"fork-overflows", testForkOverflows},
 		{"host-killed", testHostKilled},
 	} {
 		if !t.Run(tc.name, tc.f) && tc.name == "routes" {

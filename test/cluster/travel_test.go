@@ -229,3 +229,52 @@ func testEvacuate(t *testing.T) {
 		t.Errorf("row after the evacuation: %+v %v", row, err)
 	}
 }
+
+// testForkOverflows: a fork with more children than the parent's host has
+// room for puts the others on another host, from the parent's state
+// through the chunk store; every child has that state, and the snapshot
+// that carried it is gone afterwards.
+func testForkOverflows(t *testing.T) {
+	parent := create(t, "eu", map[string]any{"memoryMB": 8192})
+	a := hostOf(t, parent)
+	if out, status := runCode(t, "eu", parent, `z = "from the parent"; print(z)`); out != "from the parent\n" {
+		t.Fatalf("setting state up: %d %q", status, out)
+	}
+	r := do(t, "eu", "POST", "/sandboxes/"+parent.ID+"/fork", map[string]any{"count": 3, "timeout": 60}, nil)
+	if r.status != 201 {
+		t.Fatalf("fork: %d %s", r.status, r.body)
+	}
+	var results []struct {
+		Sandbox *sandbox `json:"sandbox"`
+		Error   *struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	r.json(t, &results)
+	if len(results) != 3 {
+		t.Fatalf("fork(3) answered %d entries: %s", len(results), r.body)
+	}
+	elsewhere := 0
+	for i, res := range results {
+		if res.Error != nil || res.Sandbox == nil {
+			t.Fatalf("child %d: %+v (%s)", i, res.Error, r.body)
+		}
+		child := *res.Sandbox
+		t.Cleanup(func() { do(t, "eu", "DELETE", "/sandboxes/"+child.ID, nil, nil) })
+		if hostOf(t, child).N != a.N {
+			elsewhere++
+		}
+		if out, status := runCode(t, "eu", child, "print(z)"); out != "from the parent\n" {
+			t.Errorf("child %d (%s): %d %q", i, child.ID, status, out)
+		}
+	}
+	if elsewhere == 0 {
+		t.Fatalf("no child on another host (the parent's host %d has room for 3 children of 8 GiB?)", a.N)
+	}
+	t.Logf("%d of 3 children on another host; Server-Timing %s", elsewhere, r.header.Get("Server-Timing"))
+	eventually(t, 10*time.Second, "the transfer snapshot to be deleted", func() bool {
+		var page []map[string]any
+		return jsonOf(do(t, "eu", "GET", "/snapshots?sandboxID="+parent.ID, nil, nil), &page) == nil && len(page) == 0
+	})
+}
