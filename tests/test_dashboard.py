@@ -14,13 +14,14 @@ import os
 import pathlib
 import shutil
 import tempfile
+import time
 from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
 from e2b_code_interpreter import Sandbox
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -189,6 +190,17 @@ def test_dashboard(daemon: tuple[str, str], browser: webdriver.Chrome, lineage: 
     d.find_element(By.LINK_TEXT, "Snapshots").click()
     wait(d, "the snapshot table", lambda d: lineage["s2"] in text(d))
     assert d.find_elements(By.CSS_SELECTOR, f'.graph g[data-id="{lineage["s1"]}"]')
+
+    # Each snapshot's upload to the chunk store (the test daemon's default
+    # file:// store), shown once it is done (the page is loaded again).
+    def uploaded(d: webdriver.Chrome) -> bool:
+        d.find_element(By.LINK_TEXT, "Snapshots").click()
+        time.sleep(0.3)
+        try:
+            return any(td.text == "uploaded" for td in d.find_elements(By.CSS_SELECTOR, "td.upload"))
+        except StaleElementReferenceException:
+            return False  # drawn again meanwhile
+    wait(d, "an uploaded snapshot", uploaded)
     shot(d, shots, "04-snapshots")
 
     # Templates: the templates API's list, or (without one) the built-ins.

@@ -451,9 +451,11 @@ async function snapshotsPage(view) {
     card("Disk", h("p", {}, bytes(usage.totalBytes) + " in " + usage.count + " snapshots" + (usage.limitBytes ? " of a " + bytes(usage.limitBytes) + " cap" : "")),
       usage.limitBytes ? bar(usage.totalBytes / usage.limitBytes) : null),
     card("Tree", roots.length ? [legend(), drawForest(roots, nodes, "")] : h("p", { class: "muted" }, "No snapshots yet.")),
-    card("All", table(["Snapshot", "Names", "From sandbox", "Parent", "Size", { label: "Created", narrow: false }, ""],
+    card("All", table(["Snapshot", "Names", "From sandbox", "Parent", "Size", "Chunk store", { label: "Created", narrow: false }, ""],
       snaps.map(s => h("tr", {}, h("td", { class: "mono" }, s.snapshotID), h("td", {}, (s.names || []).join(", ")),
         h("td", { class: "mono" }, short(s.sandboxID)), h("td", { class: "mono" }, short(s.parentID || "")), h("td", {}, bytes(s.sizeBytes)),
+        // uploading, uploaded (its manifest's root on hover) or failed (why on hover); "" without a store.
+        h("td", { class: "upload", title: s.uploadError || s.storeRoot || "" }, s.uploadState || ""),
         h("td", { class: "hide-narrow" }, age(s.createdAt) + " ago"),
         h("td", {}, h("button", { type: "button", class: "danger", onclick: async () => {
           if (confirm("Delete snapshot " + s.snapshotID + "?")) { await api("/snapshots/" + encodeURIComponent(s.snapshotID), { method: "DELETE" }); route(); }
