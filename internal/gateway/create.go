@@ -371,6 +371,10 @@ func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, c caller, id stri
 		g.forward(w, r, toHost(h.Addr, c.team.ID, ""), nil)
 		return
 	}
+	if n > maxForkElsewhere {
+		api.Fail(g.log, w, r, errdefs.New(errdefs.ErrInvalidArgument, "count must be at most %d for a fork beyond the parent's host (it has room for %d)", maxForkElsewhere, max(room, 0)))
+		return
+	}
 	results := []any{}
 	if room > 0 {
 		b["count"] = room
@@ -391,10 +395,23 @@ func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, c caller, id stri
 		}
 		_ = json.NewDecoder(resp.Body).Decode(&results)
 	}
-	results = append(results, g.forkElsewhere(r, c, id, h, n-max(room, 0), mem, b["timeout"])...)
+	more, refused := g.forkElsewhere(r, c, id, h, n-max(room, 0), mem, b["timeout"])
+	if refused != nil && len(results) == 0 {
+		// Nothing forked: the parent's host's answer (a paused parent's
+		// 409, say) is the fork's.
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(refused.status)
+		_, _ = w.Write(refused.body)
+		return
+	}
+	results = append(results, more...)
 	w.Header().Set("Content-Length", strconv.Itoa(len(mustJSON(results))))
 	api.WriteJSON(w, http.StatusCreated, results)
 }
+
+// maxForkElsewhere bounds a fork that overflows its parent's host (the
+// hosts' default --max-fork; each host checks its own bound on its part).
+const maxForkElsewhere = 64
 
 // forkElsewhere makes k children of sandbox id on hosts other than its own,
 // h, which has no room for them: a snapshot of the parent, taken on h and
@@ -403,8 +420,9 @@ func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, c caller, id stri
 // The snapshot is deleted once they run (they keep what they mapped). Such
 // a child is a sandbox created from the parent's state, not a fork child:
 // merging it is not possible. It returns an entry per child, a sandbox or
-// an error, as a fork answers.
-func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterdb.Host, k int, mem int64, timeout any) []any {
+// an error, as a fork answers; and, when the parent's host refused the
+// snapshot with a 4xx, that answer.
+func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterdb.Host, k int, mem int64, timeout any) ([]any, *hostAnswer) {
 	entries := func(code int, format string, args ...any) []any {
 		e := map[string]any{"error": map[string]any{"code": code, "message": fmt.Sprintf(format, args...)}}
 		out := make([]any, k)
@@ -430,8 +448,15 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 	}
 	t0 := time.Now()
 	status, body, err := call(r.Context(), http.MethodPost, "/sandboxes/"+id+"/snapshots", []byte("{}"))
+	if err == nil && status/100 == 4 {
+		var e struct {
+			Message string `json:"message"`
+		}
+		_ = json.Unmarshal(body, &e)
+		return entries(status, "%s", e.Message), &hostAnswer{status, body}
+	}
 	if err != nil || status != http.StatusCreated {
-		return entries(http.StatusBadGateway, "the parent's host has no room for this child, and taking the parent's state to another host failed: %d %s %v", status, bytes.TrimSpace(body), err)
+		return entries(http.StatusBadGateway, "the parent's host has no room for this child, and taking the parent's state to another host failed: %d %s %v", status, bytes.TrimSpace(body), err), nil
 	}
 	var sn struct {
 		ID string `json:"snapshotID"`
@@ -446,7 +471,7 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 	}()
 	db := g.db.Load()
 	if db == nil {
-		return entries(http.StatusServiceUnavailable, "the cluster database is unavailable; retry later")
+		return entries(http.StatusServiceUnavailable, "the cluster database is unavailable; retry later"), nil
 	}
 	var row clusterdb.Snapshot
 	for deadline := time.Now().Add(time.Minute); ; {
@@ -455,7 +480,7 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 			break
 		}
 		if time.Now().After(deadline) || r.Context().Err() != nil {
-			return entries(http.StatusServiceUnavailable, "the parent's state did not reach the chunk store in time (%v); retry later", err)
+			return entries(http.StatusServiceUnavailable, "the parent's state did not reach the chunk store in time (%v); retry later", err), nil
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -490,7 +515,13 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 			out = append(out, entries(rec.Code, "%s", e.Message)[0])
 		}
 	}
-	return out
+	return out, nil
+}
+
+// hostAnswer is a host's answer, passed on as it is.
+type hostAnswer struct {
+	status int
+	body   []byte
 }
 
 func mustJSON(v any) []byte {

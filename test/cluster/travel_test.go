@@ -240,6 +240,9 @@ func testForkOverflows(t *testing.T) {
 	if out, status := runCode(t, "eu", parent, `z = "from the parent"; print(z)`); out != "from the parent\n" {
 		t.Fatalf("setting state up: %d %q", status, out)
 	}
+	if r := do(t, "eu", "POST", "/sandboxes/"+parent.ID+"/fork", map[string]any{"count": 65}, nil); r.status != 400 || !strings.Contains(string(r.body), "at most 64") {
+		t.Errorf("fork(65) beyond the parent's host: %d %s", r.status, r.body)
+	}
 	r := do(t, "eu", "POST", "/sandboxes/"+parent.ID+"/fork", map[string]any{"count": 3, "timeout": 60}, nil)
 	if r.status != 201 {
 		t.Fatalf("fork: %d %s", r.status, r.body)
