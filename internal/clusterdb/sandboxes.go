@@ -198,11 +198,20 @@ func (db *DB) ForgetLost(ctx context.Context, id, team string) (bool, error) {
 const sandboxColumns = `id, team, region, home_slot, host_slot, generation, state, memory_mb, template_id, started_at, end_at,
 	metadata, doc, store_root, runtime`
 
-func scanSandbox(r pgx.CollectableRow) (Sandbox, error) {
+func scanSandbox(r pgx.CollectableRow) (Sandbox, error) { return scanSandboxRow(r, false) }
+
+// scanSandboxRecord scans sandboxColumns followed by record.
+func scanSandboxRecord(r pgx.CollectableRow) (Sandbox, error) { return scanSandboxRow(r, true) }
+
+func scanSandboxRow(r pgx.CollectableRow, withRecord bool) (Sandbox, error) {
 	var s Sandbox
 	var meta []byte
-	err := r.Scan(&s.ID, &s.Team, &s.Region, &s.HomeSlot, &s.HostSlot, &s.Generation, &s.State, &s.MemoryMB,
-		&s.TemplateID, &s.StartedAt, &s.EndAt, &meta, &s.Doc, &s.StoreRoot, &s.Runtime)
+	dst := []any{&s.ID, &s.Team, &s.Region, &s.HomeSlot, &s.HostSlot, &s.Generation, &s.State, &s.MemoryMB,
+		&s.TemplateID, &s.StartedAt, &s.EndAt, &meta, &s.Doc, &s.StoreRoot, &s.Runtime}
+	if withRecord {
+		dst = append(dst, &s.Record)
+	}
+	err := r.Scan(dst...)
 	if err == nil {
 		_ = json.Unmarshal(meta, &s.Metadata)
 	}
@@ -228,16 +237,7 @@ func (db *DB) GetRecord(ctx context.Context, id string) (Sandbox, error) {
 	if err != nil {
 		return Sandbox{}, unavailable(err)
 	}
-	s, err := pgx.CollectExactlyOneRow(rows, func(r pgx.CollectableRow) (Sandbox, error) {
-		var s Sandbox
-		var meta []byte
-		err := r.Scan(&s.ID, &s.Team, &s.Region, &s.HomeSlot, &s.HostSlot, &s.Generation, &s.State, &s.MemoryMB,
-			&s.TemplateID, &s.StartedAt, &s.EndAt, &meta, &s.Doc, &s.StoreRoot, &s.Runtime, &s.Record)
-		if err == nil {
-			_ = json.Unmarshal(meta, &s.Metadata)
-		}
-		return s, err
-	})
+	s, err := pgx.CollectExactlyOneRow(rows, scanSandboxRecord)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}

@@ -28,6 +28,23 @@ func waitUploaded(t *testing.T, id string) map[string]any {
 	return doc
 }
 
+// pausedInStore waits until paused sandbox id's row names its image in the
+// chunk store, and returns the cluster database (closed when t ends).
+func pausedInStore(t *testing.T, id string) *clusterdb.DB {
+	t.Helper()
+	ctx := context.Background()
+	db, err := clusterdb.Open(ctx, c.PG.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	eventually(t, 60*time.Second, "the paused image to be in the chunk store", func() bool {
+		row, err := db.GetSandbox(ctx, id)
+		return err == nil && row.StoreRoot != ""
+	})
+	return db
+}
+
 // testSnapshotTravels: a snapshot taken on one host starts a sandbox on
 // another, which fetches its image from the chunk store: the exact state
 // comes back (a REPL variable, a file, a process and its pid, a listening
@@ -124,15 +141,7 @@ func testPausedMoves(t *testing.T) {
 	if r := do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/pause", nil, nil); r.status != 204 {
 		t.Fatalf("pause: %d %s", r.status, r.body)
 	}
-	db, err := clusterdb.Open(ctx, c.PG.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	eventually(t, 60*time.Second, "the paused image to be in the chunk store", func() bool {
-		row, err := db.GetSandbox(ctx, sb.ID)
-		return err == nil && row.StoreRoot != ""
-	})
+	db := pausedInStore(t, sb.ID)
 
 	a.Kill()
 	restarted := false
@@ -201,15 +210,7 @@ func testEvacuate(t *testing.T) {
 			t.Errorf("activating host %s again: %v", slot, err)
 		}
 	}()
-	db, err := clusterdb.Open(ctx, c.PG.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	eventually(t, 60*time.Second, "the paused image to be in the chunk store", func() bool {
-		row, err := db.GetSandbox(ctx, sb.ID)
-		return err == nil && row.StoreRoot != ""
-	})
+	db := pausedInStore(t, sb.ID)
 	out, err := c.AdminOut(ctx, "evacuate", slot)
 	if err != nil || !strings.Contains(out, sb.ID+" -> host ") || !strings.Contains(out, "1 paused sandboxes moved, 0 stay") {
 		t.Fatalf("evacuate: %q %v", out, err)
