@@ -44,8 +44,18 @@ func (g *Gateway) resumeElsewhere(w http.ResponseWriter, r *http.Request, c call
 	}
 	t0 := time.Now()
 	row, err := db.GetSandbox(r.Context(), id)
-	if err != nil || row.Team != c.team.ID || row.State != "paused" || row.StoreRoot == "" || row.HostSlot != from.Slot {
+	if err != nil || row.Team != c.team.ID || row.State != "paused" || row.HostSlot != from.Slot {
 		return false
+	}
+	if row.StoreRoot == "" {
+		if from.State == "draining" && !silent(from) {
+			return false // its host is up: it resumes the sandbox itself
+		}
+		// Its image had not reached the chunk store (an outage, or the
+		// host went away mid-upload): only its host has it.
+		api.Fail(g.log, w, r, errdefs.New(errdefs.ErrUnavailable, "sandbox %q is paused on host %d, which is %s, and its image had not reached the chunk store: it resumes when that host is back; retry later",
+			id, from.Slot, hostState(from)))
+		return true
 	}
 	req := placement.Request{Region: row.Region, MemoryMB: int64(row.MemoryMB), Versions: []string{"runsc=" + row.Runtime},
 		Exclude: map[int]bool{from.Slot: true}}

@@ -122,6 +122,7 @@ func (m *Manager) adoptMoved(ctx context.Context, id string) error {
 	fetched, err := m.images.Import(ctx, rec.PausedRoot, dir)
 	timing.Since(ctx, "import", t0)
 	if err != nil {
+		os.RemoveAll(dir)
 		return m.importError(fmt.Sprintf("sandbox %q", id), rec.PausedRoot, err)
 	}
 	rec.PausedImage, rec.RuntimeID, rec.State = dir, "", sandbox.StatePaused
