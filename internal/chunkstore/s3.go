@@ -41,6 +41,9 @@ type S3Config struct {
 	LockLease time.Duration
 	// Parallel is how many existence checks (HEADs) run at once (default 32).
 	Parallel int
+	// NoCheck opens the store without checking that its bucket exists (a
+	// daemon starting while the server does not answer).
+	NoCheck bool
 }
 
 // S3ConfigFromEnv fills the empty fields of c from AWS_ENDPOINT_URL_S3 (or
@@ -129,6 +132,9 @@ func OpenS3(ctx context.Context, bucket, prefix string, cfg S3Config) (*S3Backen
 		prefix += "/"
 	}
 	b := &S3Backend{c: c, bucket: bucket, prefix: prefix, cfg: cfg, name: "s3://" + bucket + "/" + prefix + " at " + host}
+	if cfg.NoCheck {
+		return b, nil
+	}
 	err = DefaultRetry.do(ctx, func() error {
 		rctx, cancel := b.reqCtx(ctx)
 		defer cancel()

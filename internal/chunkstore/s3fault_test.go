@@ -201,8 +201,19 @@ func TestS3DownMidDownload(t *testing.T) {
 	if _, err := chunkstore.OpenS3(short, bucket, "p", srv.Config()); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("opening a store that is down: %v, want ErrUnavailable", err)
 	}
+	// A daemon starting meanwhile opens it unchecked, and uses it once it
+	// answers.
+	cfg := srv.Config()
+	cfg.NoCheck = true
+	late, err := chunkstore.OpenS3(short, bucket, "p", cfg)
+	if err != nil {
+		t.Fatalf("opening a store that is down, unchecked: %v", err)
+	}
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
+	}
+	if ok, err := late.Has(context.Background(), []string{chunkstore.ManifestKey(st.Root)}); err != nil || !ok[0] {
+		t.Fatalf("the store opened while it was down, once it answers: %v %v", ok, err)
 	}
 	ist, err = s.Import(context.Background(), st.Root, filepath.Join(dir, "out"))
 	if err != nil {

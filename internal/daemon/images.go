@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -62,7 +63,16 @@ func openImages(ctx context.Context, c StoreConfig, dataDir string, log *slog.Lo
 		}
 		opts.Cache = cache
 	}
-	s, err := chunkstore.Open(ctx, raw, opts)
+	// A store that does not answer is not a reason not to start: uploads
+	// retry until it does. One that answers without the bucket is.
+	check, cancel := context.WithTimeout(ctx, 3*time.Second)
+	s, err := chunkstore.Open(check, raw, opts)
+	cancel()
+	if errors.Is(err, errdefs.ErrUnavailable) && ctx.Err() == nil {
+		log.Warn("the chunk store does not answer; starting without it (uploads and imports retry)", "store", raw, "err", err)
+		opts.S3.NoCheck = true
+		s, err = chunkstore.Open(ctx, raw, opts)
+	}
 	if err != nil {
 		return nil, "", fmt.Errorf("opening the chunk store: %w", err)
 	}
@@ -119,3 +129,5 @@ func (c chunkImages) GC(ctx context.Context, live []string, grace time.Duration)
 	c.log.Debug("chunk store collected", "deleted_manifests", st.DeletedManifests, "deleted_chunks", st.DeletedChunks, "freed_bytes", st.BytesFreed)
 	return st.BytesFreed, nil
 }
+
+func (c chunkImages) Remember(ctx context.Context, dir string) error { return c.s.Remember(ctx, dir) }
