@@ -335,6 +335,22 @@ func stores(dir, small, tmp string, runs int) error {
 						return nil, err
 					}
 					return chunkstore.New(b, chunkstore.Options{Cache: c})
+				}}, mode{"S3, cold cache, warm image noted (Remember; not timed)", func() (*chunkstore.Store, error) {
+					// A host of the cluster: the template's warm image is on
+					// its disk, noted at start; nothing else is cached.
+					c, err := chunkstore.OpenCache(fresh(), 8<<30)
+					if err != nil {
+						return nil, err
+					}
+					st, err := chunkstore.New(b, chunkstore.Options{Cache: c, Immutable: true})
+					if err != nil {
+						return nil, err
+					}
+					warm := fresh()
+					if err := copyDir(filepath.Join(dir, "warm"), warm); err != nil {
+						return nil, err
+					}
+					return st, st.Remember(ctx, warm)
 				}})
 			} else {
 				modes = append(modes, mode{"file store, no cache", func() (*chunkstore.Store, error) { return chunkstore.New(b, chunkstore.Options{}) }})

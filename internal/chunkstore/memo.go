@@ -1,7 +1,10 @@
 package chunkstore
 
 import (
+	"context"
+	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"syscall"
 )
@@ -87,10 +90,16 @@ func addName(paths []string, path string, id fileID) []string {
 // rememberFile keeps the chunks of path, cut as f, if it has other names
 // and its identity before the cut is still its identity (Immutable only).
 func (s *Store) rememberFile(path string, before fileID, f File) {
+	s.keep(path, before, f, true)
+}
+
+// keep remembers path, cut as f, if its identity before the cut is still
+// its identity (and, with linkedOnly, it has other names).
+func (s *Store) keep(path string, before fileID, f File, linkedOnly bool) {
 	if !s.immutable || before == (fileID{}) {
 		return
 	}
-	if after, linked, ok := identifyLinks(path); !ok || !linked || after != before {
+	if after, linked, ok := identifyLinks(path); !ok || (linkedOnly && !linked) || after != before {
 		return
 	}
 	s.memoMu.Lock()
@@ -143,4 +152,38 @@ func (s *Store) reuseFile(f File, fileIdx int, locs map[Hash]where, pr *chunkPro
 	st.Chunks += len(f.Chunks)
 	s.report("export", "chunk", min(pr.done.Add(f.Size), pr.total), pr.total)
 	st.Reused++
+}
+
+// Remember cuts the regular files of the image directory dir and
+// remembers them (Immutable only), as an export of it would, without
+// storing anything: an import of an image holding one of them links it
+// rather than assembling it, and with a cache, the chunks it shares with
+// them are read from the cache rather than fetched. A host remembers its
+// templates' warm images, which the snapshots and paused sandboxes of
+// those templates share most of their bytes with.
+func (s *Store) Remember(ctx context.Context, dir string) error {
+	if !s.immutable {
+		return nil
+	}
+	names, err := imageFiles(dir)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		path := filepath.Join(dir, name)
+		if _, ok := s.recall(path); ok {
+			continue
+		}
+		before, ok := identify(path)
+		if !ok {
+			continue
+		}
+		var st Stats
+		f, err := s.chunkFile(ctx, path, name, 0, map[Hash]where{}, &chunkProgress{}, &st)
+		if err != nil {
+			return fmt.Errorf("remembering %s: %w", path, err)
+		}
+		s.keep(path, before, f, false)
+	}
+	return nil
 }

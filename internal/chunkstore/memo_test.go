@@ -114,3 +114,82 @@ func sameFile(t *testing.T, a, b string) bool {
 	}
 	return os.SameFile(ia, ib)
 }
+
+// A host that never exported remembers a local image it has (a
+// template's warm image): an import of an image holding the same file
+// links it, and one holding a changed copy of it reads the chunks they
+// share from the cache instead of the store.
+func TestRememberLocalImage(t *testing.T) {
+	ctx := context.Background()
+	tmp := t.TempDir()
+	b, err := chunkstore.OpenFile(filepath.Join(tmp, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostA, err := chunkstore.New(b, chunkstore.Options{Immutable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := chunkstore.OpenCache(filepath.Join(tmp, "cache-b"), 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostB, err := chunkstore.New(b, chunkstore.Options{Immutable: true, Cache: cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The warm image, on host A and (its own copy) on host B.
+	warmA, warmB := filepath.Join(tmp, "warm-a"), filepath.Join(tmp, "warm-b")
+	chunkstoretest.Image{Seed: 1, Pool: 1, Pages: 600, ZeroRun: 20}.Write(t, warmA)
+	chunkstoretest.Image{Seed: 1, Pool: 1, Pages: 600, ZeroRun: 20}.Write(t, warmB)
+	// A snapshot on host A: its own pages and the warm pages as its base.
+	snap := filepath.Join(tmp, "snap")
+	chunkstoretest.Image{Seed: 2, Pool: 1, Pages: 300}.Write(t, snap)
+	if err := os.Link(filepath.Join(warmA, "pages.img"), filepath.Join(snap, "base-1.img")); err != nil {
+		t.Fatal(err)
+	}
+	// A paused sandbox on host A: the warm pages with a page changed.
+	paused := filepath.Join(tmp, "paused")
+	if err := os.MkdirAll(paused, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(warmA, "pages.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0xff
+	if err := os.WriteFile(filepath.Join(paused, "pages.img"), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	snapRoot, err := hostA.Export(ctx, snap, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pausedRoot, err := hostA.Export(ctx, paused, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := hostB.Remember(ctx, warmB); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(tmp, "snap-on-b")
+	imp, err := hostB.Import(ctx, snapRoot.Root, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunkstoretest.Equal(t, snap, out)
+	if linked := sameFile(t, filepath.Join(out, "base-1.img"), filepath.Join(warmB, "pages.img")); imp.LinkedFiles != 1 || !linked {
+		t.Errorf("import linked %d files; base-1.img is host B's warm pages: %v", imp.LinkedFiles, linked)
+	}
+	out = filepath.Join(tmp, "paused-on-b")
+	imp, err = hostB.Import(ctx, pausedRoot.Root, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunkstoretest.Equal(t, paused, out)
+	if imp.Present == 0 || imp.Present < imp.Distinct-2 || imp.TransferredBytes >= imp.Bytes/4 {
+		t.Errorf("import of a changed copy of the warm pages: %s", &imp)
+	}
+	t.Logf("changed copy: %s", &imp)
+}
