@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -310,5 +311,72 @@ func TestMoveIsACompareAndSwap(t *testing.T) {
 	}
 	if moved, _ := db.Moved(ctx); moved[id] != b {
 		t.Errorf("moved map: %v", moved)
+	}
+}
+
+// The roots a collection keeps are the rows' (snapshots' and paused
+// sandboxes'), and one host claims each round of a job.
+func TestStoreRootsAndJobRounds(t *testing.T) {
+	db := fresh(t)
+	setup(t, db)
+	ctx := context.Background()
+	a, ea, _ := db.Register(ctx, "a", 1, "x:1")
+	if err := heartbeat(t, db, a, ea, 8192); err != nil {
+		t.Fatal(err)
+	}
+	paused := Sandbox{ID: ids.NewSandbox(1, a), Team: "acme", Region: 1, HostSlot: a, State: "paused", MemoryMB: 512,
+		Doc: json.RawMessage(`{}`), StoreRoot: "rootP"}
+	running := Sandbox{ID: ids.NewSandbox(1, a), Team: "acme", Region: 1, HostSlot: a, State: "running", MemoryMB: 512, Doc: json.RawMessage(`{}`)}
+	for _, s := range []Sandbox{paused, running} {
+		if err := db.Sync(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, root := range []string{"rootS", "", "rootP"} {
+		sn := Snapshot{ID: fmt.Sprintf("snap%d", i), Team: "acme", Region: 1, HostSlot: a, SandboxID: running.ID, CreatedAt: time.Now(),
+			Doc: json.RawMessage(`{}`), StoreRoot: root}
+		if err := db.SyncSnapshot(ctx, sn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	roots, err := db.StoreRoots(ctx)
+	slices.Sort(roots)
+	if err != nil || !slices.Equal(roots, []string{"rootP", "rootS"}) {
+		t.Fatalf("roots %v, %v", roots, err)
+	}
+	if err := db.ForgetSnapshot(ctx, "snap0"); err != nil {
+		t.Fatal(err)
+	}
+	if roots, _ := db.StoreRoots(ctx); !slices.Equal(roots, []string{"rootP"}) {
+		t.Fatalf("roots after a snapshot is deleted: %v", roots)
+	}
+
+	got := make(chan bool, 4)
+	for slot := range 4 {
+		go func() {
+			ok, err := db.ClaimJob(ctx, "gc", slot, time.Hour)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- ok
+		}()
+	}
+	claims := 0
+	for range 4 {
+		if <-got {
+			claims++
+		}
+	}
+	if claims != 1 {
+		t.Fatalf("%d hosts claimed the first round, want 1", claims)
+	}
+	if ok, _ := db.ClaimJob(ctx, "gc", 9, time.Hour); ok {
+		t.Error("a round claimed again within its interval")
+	}
+	if ok, _ := db.ClaimJob(ctx, "other", 9, time.Hour); !ok {
+		t.Error("another job's first round was not claimed")
+	}
+	if ok, _ := db.ClaimJob(ctx, "gc", 9, 0); !ok {
+		t.Error("the next round was not claimed once due")
 	}
 }

@@ -2,6 +2,7 @@ package clusterhost
 
 import (
 	"context"
+	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
@@ -59,4 +60,32 @@ func (m *Member) MovedHere(ctx context.Context, id string) (*sandbox.Sandbox, er
 	}
 	rec.PausedRoot = row.StoreRoot
 	return rec, nil
+}
+
+// StoreRoots claims this round of the shared chunk store's collection for
+// this host and returns the roots the cluster's rows name
+// (manager.Cluster): ok is false when another host ran a round less than
+// every ago. A round is claimed a little early (every less a tenth), so
+// hosts ticking at the same interval do not skip one. No round runs while
+// a host that is not lost is silent: its rows may lag what it uploaded.
+func (m *Member) StoreRoots(ctx context.Context, every time.Duration) ([]string, bool, error) {
+	if m.db == nil {
+		return nil, false, errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable; retry later")
+	}
+	hosts, err := m.db.Hosts(ctx, time.Time{})
+	if err != nil {
+		return nil, false, err
+	}
+	for _, h := range hosts {
+		if h.State != "lost" && !h.LeaseUntil.After(time.Now()) {
+			m.log.Info("chunk store collection waits: a host is silent", "slot", h.Slot)
+			return nil, false, nil
+		}
+	}
+	ok, err := m.db.ClaimJob(ctx, "store-gc", m.Slot(), every-every/10)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	roots, err := m.db.StoreRoots(ctx)
+	return roots, err == nil, err
 }

@@ -215,14 +215,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	if images != nil {
 		log.Info("snapshot images are uploaded to the chunk store", "store", where)
 	}
-	if clustered && cfg.StoreGCInterval > 0 {
-		// One host's snapshots are not the live roots of a store the
-		// cluster's hosts may share: collecting it from here would delete
-		// the others' manifests. The cluster collects with its rows (not
-		// yet).
-		cfg.StoreGCInterval = 0
-		log.Info("chunk store collection is off on a cluster host")
-	}
 	deps := manager.Deps{
 		Runtime: rt, Store: st, Templates: tpl, Log: log, Agent: box.HTTPAgent{}, Images: images,
 		Networks: netns.NewHost(netns.Config{HostBlocked: hostNets, DNS: cfg.DNS, CA: ca, UpstreamRoots: roots}),

@@ -62,6 +62,7 @@ func (m *Manager) resolveCustom(ctx context.Context, id string) (source, bool, e
 // none; creates then restore its image, about as fast as a snapshot).
 func (m *Manager) WarmCustom(t CustomTemplate, ready int) {
 	m.pool.SetWarm(t.Key, pool.Warm{Rootfs: t.Rootfs, Image: t.Image, Limits: m.cfg.DefaultLimits.Over(t.Limits), Ready: &ready})
+	m.remember(t.Image)
 }
 
 // UnwarmCustom drops a custom template from the pool and destroys its

@@ -35,6 +35,28 @@ type ImageStore interface {
 	// GC deletes the manifests not in live and the chunks no kept
 	// manifest names, older than grace, and returns the bytes freed.
 	GC(ctx context.Context, live []string, grace time.Duration) (freed int64, err error)
+	// Remember notes the files of a local image directory that stays (a
+	// template's warm image): imports of images sharing their bytes read
+	// them here rather than from the store.
+	Remember(ctx context.Context, dir string) error
+}
+
+// remember has the store note a template's warm image, in the background
+// (it reads and hashes the image once per daemon).
+func (m *Manager) remember(image string) {
+	if m.images == nil || m.bg.Err() != nil {
+		return
+	}
+	m.loops.Go(func() {
+		t0 := time.Now()
+		if err := m.images.Remember(m.bg, image); err != nil {
+			if m.bg.Err() == nil {
+				m.log.Warn("noting a warm image for imports", "image", image, "err", err)
+			}
+			return
+		}
+		m.log.Debug("warm image noted for imports", "image", image, "ms", time.Since(t0).Milliseconds())
+	})
 }
 
 // uploads is the manager's side of its ImageStore: the queue of snapshots
@@ -353,11 +375,21 @@ func (m *Manager) collectLoop() {
 }
 
 // CollectStore runs one collection of the chunk store: what no snapshot
-// record names (and is older than StoreGCGrace) is deleted. It returns the
-// bytes freed.
+// or paused sandbox names (and is older than StoreGCGrace) is deleted. In
+// a cluster the store is shared: what names an image is the cluster's rows
+// (with this host's records, in case its rows lag), and one host collects
+// each round. It returns the bytes freed.
 func (m *Manager) CollectStore(ctx context.Context) (int64, error) {
 	if m.images == nil {
 		return 0, nil
+	}
+	var live []string
+	if m.cluster != nil {
+		roots, ok, err := m.cluster.StoreRoots(ctx, m.cfg.StoreGCInterval)
+		if err != nil || !ok {
+			return 0, err // never collect a shared store without its roots
+		}
+		live = roots
 	}
 	m.up.exclusive.Lock()
 	defer m.up.exclusive.Unlock()
@@ -365,7 +397,6 @@ func (m *Manager) CollectStore(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	var live []string
 	for _, sn := range all {
 		if sn.StoreRoot != "" {
 			live = append(live, sn.StoreRoot)

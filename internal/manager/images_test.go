@@ -26,7 +26,9 @@ type memImages struct {
 	exports   int
 	deleted   []string
 	gcLive    [][]string
-	fail      func(op string) error
+	// remembered are the image directories Remember was told of.
+	remembered []string
+	fail       func(op string) error
 }
 
 func newMemImages() *memImages { return &memImages{manifests: map[string]map[string][]byte{}} }
@@ -100,6 +102,13 @@ func (s *memImages) Delete(ctx context.Context, root string) error {
 	defer s.mu.Unlock()
 	delete(s.manifests, root)
 	s.deleted = append(s.deleted, root)
+	return nil
+}
+
+func (s *memImages) Remember(ctx context.Context, dir string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.remembered = append(s.remembered, dir)
 	return nil
 }
 
@@ -319,6 +328,14 @@ type otherHost struct {
 	m      *Manager
 	change func(*sandbox.Snapshot)
 	moved  map[string]bool // sandboxes of m moved to the host that asks
+	// roots, round and rootsErr are StoreRoots' answer.
+	roots    []string
+	round    bool
+	rootsErr error
+}
+
+func (o otherHost) StoreRoots(context.Context, time.Duration) ([]string, bool, error) {
+	return o.roots, o.round, o.rootsErr
 }
 
 func (o otherHost) FindSnapshot(ctx context.Context, team, idOrName string) (*sandbox.Snapshot, error) {
@@ -456,5 +473,46 @@ func TestPausedSandboxMoves(t *testing.T) {
 	}
 	if m := b.memory(sb.ID); m != "paused-on-a" {
 		t.Errorf("memory %q after the move", m)
+	}
+}
+
+// In a cluster, a collection keeps what the cluster's rows name besides
+// this host's own, runs only in this host's rounds, and never runs
+// without the cluster's roots.
+func TestClusterCollection(t *testing.T) {
+	images := newMemImages()
+	e := newEnv(t, nil)
+	e.m.Close()
+	e.images, e.cluster = images, otherHost{roots: []string{"root-of-another-host"}, round: true}
+	e.start()
+	sb := e.create(sandbox.CreateRequest{})
+	sn, err := e.m.Snapshot(context.Background(), sb.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := e.waitUpload(sn.ID, sandbox.UploadDone)
+	collect := func(o otherHost) error {
+		e.m.cluster = o
+		_, err := e.m.CollectStore(context.Background())
+		return err
+	}
+	if err := collect(otherHost{roots: []string{"root-of-another-host"}, round: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := collect(otherHost{roots: []string{"x"}}); err != nil {
+		t.Fatal(err)
+	}
+	down := errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable")
+	if err := collect(otherHost{rootsErr: down}); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("a collection without the cluster's roots: %v", err)
+	}
+	images.mu.Lock()
+	defer images.mu.Unlock()
+	if len(images.gcLive) != 1 || !slices.Equal(images.gcLive[0], []string{"root-of-another-host", up.StoreRoot}) {
+		t.Errorf("collections' live roots: %v", images.gcLive)
+	}
+	// The template's warm image is noted for imports.
+	if len(images.remembered) == 0 || !strings.Contains(images.remembered[0], "warm-") {
+		t.Errorf("warm images remembered: %v", images.remembered)
 	}
 }

@@ -117,6 +117,11 @@ type Cluster interface {
 	// to this host from another (its PausedRoot names its image in the
 	// store): ErrNotFound if the cluster has none such.
 	MovedHere(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	// StoreRoots claims this round of the shared chunk store's collection
+	// (one host collects each round, every so often) and returns the
+	// roots the cluster keeps: its snapshots' and paused sandboxes'
+	// images. ok is false when the round is another host's.
+	StoreRoots(ctx context.Context, every time.Duration) (roots []string, ok bool, err error)
 }
 
 // Manager owns the live sandboxes. Safe for concurrent use.

@@ -51,6 +51,7 @@ func (m *Manager) Warm(ctx context.Context, name string) error {
 	}
 	pruneWarm(dir, filepath.Base(image))
 	m.pool.SetWarm(name, pool.Warm{Rootfs: rootfs, Image: image, Limits: limits})
+	m.remember(image)
 	return nil
 }
 
