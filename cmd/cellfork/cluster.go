@@ -20,6 +20,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/clusterauth"
 	"github.com/cellfork/cellfork/internal/clusterdb"
 	"github.com/cellfork/cellfork/internal/gateway"
 	"github.com/cellfork/cellfork/internal/ids"
@@ -122,8 +123,9 @@ const adminUsage = `usage: cellfork admin [--cluster URL] COMMAND
   sandboxes SLOT                        the sandbox rows a host holds (every team)
   cordon SLOT | drain SLOT [--wait] [--timeout D] | activate SLOT
                                         drain: no new sandboxes; --wait: until its running ones end
-  evacuate SLOT                         hand a cordoned or draining host's paused sandboxes to other
-                                        hosts (their images are in the chunk store); each resumes there
+  evacuate SLOT [--running]             hand a cordoned or draining host's paused sandboxes to other
+                                        hosts (their images are in the chunk store); each resumes there;
+                                        --running: checkpoint its running ones too, move and resume them
   rotate-token-key                      new sandbox tokens from a new key (the previous one still checks)
 `
 
@@ -322,14 +324,16 @@ func admin(ctx context.Context, db *clusterdb.DB, args []string, out io.Writer, 
 		}
 		return nil
 	case "evacuate":
-		if len(args) != 2 {
+		sub := flag.NewFlagSet(args[0], flag.ContinueOnError)
+		running := sub.Bool("running", false, "also checkpoint the host's running sandboxes and move them (each resumes on its new host)")
+		if len(args) < 2 {
 			return errUsage
 		}
 		slot, err := strconv.Atoi(args[1])
-		if err != nil {
+		if err != nil || sub.Parse(args[2:]) != nil || sub.NArg() != 0 {
 			return errUsage
 		}
-		return evacuate(ctx, db, slot, out)
+		return evacuate(ctx, db, slot, *running, out)
 	case "rotate-token-key":
 		return db.RotateTokenKey(ctx, ids.RandomKey())
 	}
@@ -339,9 +343,11 @@ func admin(ctx context.Context, db *clusterdb.DB, args []string, out io.Writer, 
 // evacuate hands the paused sandboxes of host slot (cordoned, draining or
 // lost) whose images are in the chunk store to other hosts of its region,
 // one at a time, as a resume of one would (clusterdb.Move); the new host
-// imports one when it is first used. It says what moved where and what
-// stays (paused in memory, or its upload not done: evacuate again later).
-func evacuate(ctx context.Context, db *clusterdb.DB, slot int, out io.Writer) error {
+// imports one when it is first used. With running, it first checkpoints
+// each running sandbox of a live host (a pause to disk, uploaded), moves
+// it, and resumes it on its new host. It says what moved where and what
+// stays, and why.
+func evacuate(ctx context.Context, db *clusterdb.DB, slot int, running bool, out io.Writer) error {
 	hosts, err := db.Hosts(ctx, time.Time{})
 	if err != nil {
 		return err
@@ -358,50 +364,137 @@ func evacuate(ctx context.Context, db *clusterdb.DB, slot int, out io.Writer) er
 	if from.State == "active" {
 		return fmt.Errorf("host %d is active: cordon or drain it first (it would take new sandboxes)", slot)
 	}
+	if running && (from.State == "lost" || !from.LeaseUntil.After(time.Now())) {
+		return fmt.Errorf("host %d is %s: its running sandboxes cannot be checkpointed (its paused ones move without --running)", slot, from.State)
+	}
 	sbs, err := db.HostSandboxes(ctx, slot)
 	if err != nil {
 		return err
 	}
-	table := placement.NewTable(hosts, time.Now())
-	rng := mrand.New(mrand.NewPCG(mrand.Uint64(), mrand.Uint64()))
-	moved, stay := 0, 0
+	e := evacuation{db: db, from: *from, table: placement.NewTable(hosts, time.Now()),
+		rng: mrand.New(mrand.NewPCG(mrand.Uint64(), mrand.Uint64())), out: out}
+	if running {
+		secrets, err := db.EnsureSecrets(ctx, ids.RandomKey)
+		if err != nil {
+			return err
+		}
+		e.key = secrets.Internal
+	}
 	for _, s := range sbs {
-		if s.State != "paused" {
-			continue
-		}
-		if s.StoreRoot == "" {
-			fmt.Fprintf(out, "%s stays: its image is not in the chunk store yet (paused in memory, or uploading); evacuate again later\n", s.ID)
-			stay++
-			continue
-		}
-		req := placement.Request{Region: s.Region, MemoryMB: int64(s.MemoryMB), Versions: []string{"runsc=" + s.Runtime}, Exclude: map[int]bool{slot: true}}
-		cands, why := table.Choose(req, rng)
-		done := false
-		for _, h := range cands {
-			err := db.Move(ctx, s.ID, slot, s.Generation, h.Slot, placement.Reserve)
-			if errors.Is(err, clusterdb.ErrNoCapacity) {
+		switch {
+		case s.State == "paused":
+			if s.StoreRoot == "" {
+				e.stays(s.ID, "its image is not in the chunk store yet (paused in memory, or uploading); evacuate again later")
 				continue
 			}
-			if err != nil && !errors.Is(err, clusterdb.ErrStale) {
-				return err
+			if to, ok := e.move(ctx, s); ok {
+				fmt.Fprintf(out, "%s -> host %d\n", s.ID, to.Slot)
+				e.moved++
 			}
-			if err == nil {
-				fmt.Fprintf(out, "%s -> host %d\n", s.ID, h.Slot)
-				moved++
-			} else {
-				fmt.Fprintf(out, "%s stays: it changed meanwhile (resumed or killed)\n", s.ID)
-				stay++
-			}
-			done = true
-			break
-		}
-		if !done {
-			fmt.Fprintf(out, "%s stays: no other host can take it (%s)\n", s.ID, why)
-			stay++
+		case s.State == "running" && running:
+			e.checkpointAndMove(ctx, s)
+		case s.State == "running":
+			e.running++
 		}
 	}
-	fmt.Fprintf(out, "host %d: %d paused sandboxes moved, %d stay\n", slot, moved, stay)
+	fmt.Fprintf(out, "host %d: %d sandboxes moved, %d stay", slot, e.moved, e.stay)
+	if e.running > 0 {
+		fmt.Fprintf(out, " (and %d running: --running checkpoints and moves them)", e.running)
+	}
+	fmt.Fprintln(out)
 	return nil
+}
+
+// evacuation is one run of evacuate.
+type evacuation struct {
+	db                   *clusterdb.DB
+	from                 clusterdb.Host
+	table                *placement.Table
+	rng                  *mrand.Rand
+	key                  []byte // signs calls to hosts (--running)
+	out                  io.Writer
+	moved, stay, running int
+}
+
+func (e *evacuation) stays(id, why string) {
+	fmt.Fprintf(e.out, "%s stays: %s\n", id, why)
+	e.stay++
+}
+
+// move hands paused sandbox s's row to another host; false (and said why)
+// if it stays.
+func (e *evacuation) move(ctx context.Context, s clusterdb.Sandbox) (clusterdb.Host, bool) {
+	req := placement.Request{Region: s.Region, MemoryMB: int64(s.MemoryMB), Versions: []string{"runsc=" + s.Runtime}, Exclude: map[int]bool{e.from.Slot: true}}
+	cands, why := e.table.Choose(req, e.rng)
+	for _, h := range cands {
+		err := e.db.Move(ctx, s.ID, e.from.Slot, s.Generation, h.Slot, placement.Reserve)
+		switch {
+		case errors.Is(err, clusterdb.ErrNoCapacity):
+			continue
+		case errors.Is(err, clusterdb.ErrStale):
+			e.stays(s.ID, "it changed meanwhile (resumed or killed)")
+		case err != nil:
+			e.stays(s.ID, err.Error())
+		default:
+			return h, true
+		}
+		return clusterdb.Host{}, false
+	}
+	e.stays(s.ID, fmt.Sprintf("no other host can take it (%s)", why))
+	return clusterdb.Host{}, false
+}
+
+// checkpointAndMove pauses running sandbox s to disk on its host, waits
+// for its image to reach the chunk store, moves it and resumes it on its
+// new host, with the time it had left. If it cannot move, it is resumed
+// where it was.
+func (e *evacuation) checkpointAndMove(ctx context.Context, s clusterdb.Sandbox) {
+	t0 := time.Now()
+	call := func(h clusterdb.Host, method, path string, body any) error {
+		b, _ := json.Marshal(body)
+		status, answer, err := clusterauth.Call(ctx, http.DefaultTransport, e.key, s.Team, method, "http://"+h.Addr+path, b)
+		if err == nil && status/100 != 2 {
+			var m struct {
+				Message string `json:"message"`
+			}
+			_ = json.Unmarshal(answer, &m)
+			err = fmt.Errorf("host %d answered %d: %s", h.Slot, status, m.Message)
+		}
+		return err
+	}
+	left := max(int(time.Until(s.EndAt).Seconds()), 60)
+	resume := map[string]any{"timeout": left}
+	if err := call(e.from, http.MethodPost, "/sandboxes/"+s.ID+"/pause", map[string]any{"spill": true}); err != nil {
+		e.stays(s.ID, "checkpointing it failed: "+err.Error())
+		return
+	}
+	var row clusterdb.Sandbox
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		var err error
+		row, err = e.db.GetSandbox(ctx, s.ID)
+		if err == nil && row.State == "paused" && row.StoreRoot != "" {
+			break
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			e.stays(s.ID, "its checkpoint did not reach the chunk store within 5 minutes; it stays paused on its host")
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	to, ok := e.move(ctx, row)
+	if !ok {
+		if err := call(e.from, http.MethodPost, "/sandboxes/"+s.ID+"/connect", resume); err != nil {
+			fmt.Fprintf(e.out, "%s: resuming it on its host failed (%v); it stays paused there\n", s.ID, err)
+		}
+		return
+	}
+	e.moved++
+	if err := call(to, http.MethodPost, "/sandboxes/"+s.ID+"/connect", resume); err != nil {
+		fmt.Fprintf(e.out, "%s -> host %d, paused (resuming it there failed: %v; a connect resumes it)\n", s.ID, to.Slot, err)
+		return
+	}
+	fmt.Fprintf(e.out, "%s -> host %d, running again after %v\n", s.ID, to.Slot, time.Since(t0).Round(time.Millisecond))
 }
 
 // waitDrained waits until host slot runs no sandbox (paused ones stay on

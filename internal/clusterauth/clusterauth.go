@@ -7,10 +7,13 @@
 package clusterauth
 
 import (
+	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -94,4 +97,26 @@ func Strip(h http.Header) {
 			h.Del(k)
 		}
 	}
+}
+
+// MaxAnswer bounds the body Call reads.
+const MaxAnswer = 1 << 20
+
+// Call sends a call signed with key for team (a create's id is not
+// minted this way) to url through rt, and returns the answer's status and
+// body (at most MaxAnswer bytes).
+func Call(ctx context.Context, rt http.RoundTripper, key []byte, team, method, url string, body []byte) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	Sign(req, key, team, "", time.Now())
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxAnswer))
+	return resp.StatusCode, b, err
 }

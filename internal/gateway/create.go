@@ -340,6 +340,11 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.H
 	return true, resp.StatusCode/100 == 2
 }
 
+// callHost sends a signed call for team to host h and returns its answer.
+func (g *Gateway) callHost(ctx context.Context, h clusterdb.Host, team, method, path string, body []byte) (int, []byte, error) {
+	return clusterauth.Call(ctx, g.toHosts, g.secrets.Load().Internal, team, method, "http://"+h.Addr+path, body)
+}
+
 // fork forwards a fork to the parent's host for as many children as it
 // has room for, and makes the others on other hosts (forkElsewhere).
 func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, c caller, id string, h clusterdb.Host) {
@@ -379,21 +384,18 @@ func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, c caller, id stri
 	if room > 0 {
 		b["count"] = room
 		nb, _ := json.Marshal(b)
-		out, _ := http.NewRequestWithContext(r.Context(), http.MethodPost, "http://"+h.Addr+r.URL.Path, bytes.NewReader(nb))
-		out.Header.Set("Content-Type", "application/json")
-		clusterauth.Sign(out, g.secrets.Load().Internal, c.team.ID, "", time.Now())
-		resp, err := g.toHosts.RoundTrip(out)
+		status, body, err := g.callHost(r.Context(), h, c.team.ID, http.MethodPost, r.URL.Path, nb)
 		if err != nil {
 			api.WriteError(w, r.Header.Get("X-Request-Id"), http.StatusBadGateway, "the parent's host does not answer; retry later")
 			return
 		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusCreated {
-			w.WriteHeader(resp.StatusCode)
-			_, _ = io.Copy(w, resp.Body)
+		if status != http.StatusCreated {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			_, _ = w.Write(body)
 			return
 		}
-		_ = json.NewDecoder(resp.Body).Decode(&results)
+		_ = json.Unmarshal(body, &results)
 	}
 	more, refused := g.forkElsewhere(r, c, id, h, n-max(room, 0), mem, b["timeout"])
 	if refused != nil && len(results) == 0 {
@@ -432,19 +434,7 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 		return out
 	}
 	call := func(ctx context.Context, method, path string, body []byte) (int, []byte, error) {
-		req, err := http.NewRequestWithContext(ctx, method, "http://"+h.Addr+path, bytes.NewReader(body))
-		if err != nil {
-			return 0, nil, err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		clusterauth.Sign(req, g.secrets.Load().Internal, c.team.ID, "", time.Now())
-		resp, err := g.toHosts.RoundTrip(req)
-		if err != nil {
-			return 0, nil, err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		return resp.StatusCode, b, err
+		return g.callHost(ctx, h, c.team.ID, method, path, body)
 	}
 	t0 := time.Now()
 	status, body, err := call(r.Context(), http.MethodPost, "/sandboxes/"+id+"/snapshots", []byte("{}"))
