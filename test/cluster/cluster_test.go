@@ -34,6 +34,8 @@ func TestCluster(t *testing.T) {
 		{"paused-moves", testPausedMoves},
 		{"evacuate", testEvacuate},
 		{"fork-overflows", testForkOverflows},
+		{"store-outage", testStoreOutage},
+		{"store-collects", testStoreCollects},
 		{"host-killed", testHostKilled},
 	} {
 		if !t.Run(tc.name, tc.f) && tc.name == "routes" {

@@ -27,6 +27,9 @@ import (
 	"github.com/cellfork/cellfork/test/cluster/harness"
 )
 
+// The hosts' chunk store collection.
+const storeGCInterval, storeGCGrace = 2 * time.Second, 10 * time.Second
+
 var (
 	c        *harness.Cluster
 	repoRoot string
@@ -61,7 +64,10 @@ func TestMain(m *testing.M) {
 		logs = os.Stderr
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	c, err = harness.Start(ctx, harness.Options{Dir: dir, Bin: bin, TemplateDir: tpl, GatewayFlags: gwFlags, Log: logs})
+	c, err = harness.Start(ctx, harness.Options{Dir: dir, Bin: bin, TemplateDir: tpl, GatewayFlags: gwFlags, S3: true, Log: logs,
+		// The hosts collect their shared store often, with a short grace
+		// period: every test runs beside collections.
+		HostFlags: []string{"--store-gc-interval", storeGCInterval.String(), "--store-gc-grace", storeGCGrace.String()}})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "starting the cluster:", err)

@@ -18,8 +18,9 @@ import (
 
 // testNeverTwoCopies runs random lifecycle steps and host faults on a few
 // sandboxes and checks after each, by asking every host itself, that no
-// sandbox id is live on two hosts, and that each live one is on the host
-// its id (or the moved map) names.
+// sandbox id is live on two hosts, that each live one is on the host its
+// id (or the moved map) names, and that every image the rows name is in
+// the chunk store whole (the hosts collect it meanwhile).
 func testNeverTwoCopies(t *testing.T) {
 	ctx := context.Background()
 	db, err := clusterdb.Open(ctx, c.PG.URL)
@@ -39,6 +40,7 @@ func testNeverTwoCopies(t *testing.T) {
 		t.Logf("step: %s", what)
 		f()
 		checkOneCopy(t, secrets.Internal)
+		rowsIntact(t)
 	}
 	for i := 0; i < 12; i++ {
 		switch op := rng.IntN(7); {

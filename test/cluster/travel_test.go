@@ -2,13 +2,16 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/chunkstore"
 	"github.com/cellfork/cellfork/internal/clusterdb"
 )
 
@@ -187,13 +190,27 @@ func testPausedMoves(t *testing.T) {
 }
 
 // testEvacuate: an operator drains a host and evacuates its paused
-// sandboxes; each is shown, resumed and used on its new host.
+// sandboxes, then (--running) checkpoints and moves its running one; each
+// is shown, and used on its new host with its state.
 func testEvacuate(t *testing.T) {
 	ctx := context.Background()
 	sb := create(t, "eu", nil)
 	a := hostOf(t, sb)
 	if out, status := runCode(t, "eu", sb, `y = "evacuated"; print(y)`); out != "evacuated\n" {
 		t.Fatalf("setting state up: %d %q", status, out)
+	}
+	// A fork child: running, on the same host, with the same state.
+	r := do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/fork", map[string]any{"count": 1, "timeout": 120}, nil)
+	var forked []struct {
+		Sandbox *sandbox `json:"sandbox"`
+	}
+	if r.status != 201 || jsonOf(r, &forked) != nil || len(forked) != 1 || forked[0].Sandbox == nil {
+		t.Fatalf("fork: %d %s", r.status, r.body)
+	}
+	child := *forked[0].Sandbox
+	t.Cleanup(func() { do(t, "eu", "DELETE", "/sandboxes/"+child.ID, nil, nil) })
+	if h := hostOf(t, child); h.N != a.N {
+		t.Fatalf("the fork child is on host %d, not its parent's %d", h.N, a.N)
 	}
 	if r := do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/pause", map[string]any{"spill": true}, nil); r.status != 204 {
 		t.Fatalf("pause: %d %s", r.status, r.body)
@@ -212,9 +229,10 @@ func testEvacuate(t *testing.T) {
 	}()
 	db := pausedInStore(t, sb.ID)
 	out, err := c.AdminOut(ctx, "evacuate", slot)
-	if err != nil || !strings.Contains(out, sb.ID+" -> host ") || !strings.Contains(out, "1 paused sandboxes moved, 0 stay") {
+	if err != nil || !strings.Contains(out, sb.ID+" -> host ") || !strings.Contains(out, "1 sandboxes moved, 0 stay (and 1 running: --running") {
 		t.Fatalf("evacuate: %q %v", out, err)
 	}
+	t.Logf("evacuate: %s", out)
 	time.Sleep(time.Second) // the gateways hear of the move (NOTIFY)
 	var info map[string]any
 	if r := do(t, "eu", "GET", "/sandboxes/"+sb.ID, nil, nil); jsonOf(r, &info) != nil || info["state"] != "paused" {
@@ -228,6 +246,20 @@ func testEvacuate(t *testing.T) {
 	}
 	if row, err := db.GetSandbox(ctx, sb.ID); err != nil || row.HostSlot == a.N {
 		t.Errorf("row after the evacuation: %+v %v", row, err)
+	}
+
+	// The running one: checkpointed, moved and running again.
+	out, err = c.AdminOut(ctx, "evacuate", slot, "--running")
+	if err != nil || !strings.Contains(out, child.ID+" -> host ") || !strings.Contains(out, "running again after") || !strings.Contains(out, "1 sandboxes moved, 0 stay") {
+		t.Fatalf("evacuate --running: %q %v", out, err)
+	}
+	t.Logf("evacuate --running: %s", out)
+	time.Sleep(time.Second)
+	if out, status := runCode(t, "eu", child, `print(y)`); out != "evacuated\n" {
+		t.Fatalf("the running sandbox's state on its new host: %d %q", status, out)
+	}
+	if row, err := db.GetSandbox(ctx, child.ID); err != nil || row.HostSlot == a.N || row.State != "running" {
+		t.Errorf("the running sandbox's row after the evacuation: %+v %v", row, err)
 	}
 }
 
@@ -281,4 +313,256 @@ func testForkOverflows(t *testing.T) {
 		var page []map[string]any
 		return jsonOf(do(t, "eu", "GET", "/snapshots?sandboxID="+parent.ID, nil, nil), &page) == nil && len(page) == 0
 	})
+}
+
+// testStoreOutage: the S3 server stops while a paused sandbox's image
+// uploads and while another host imports it. The pause (to disk) answers anyway;
+// with the image only on its host, that host dying leaves the sandbox
+// waiting for it (a clear 503, nothing moved), and it resumes there when
+// the host is back; the upload finishes once the store is back; an import
+// that meets the outage fails clearly, and the resume retried after the
+// store is back finds the sandbox, its state whole, on the new host.
+func testStoreOutage(t *testing.T) {
+	ctx := context.Background()
+	sb := create(t, "eu", nil)
+	a := hostOf(t, sb)
+	if out, status := runCode(t, "eu", sb, `w = 17; open("/tmp/outage.txt", "w").write("kept"); print(w)`); out != "17\n" {
+		t.Fatalf("setting state up: %d %q", status, out)
+	}
+	running := true
+	defer func() {
+		c.S3.Start()
+		if !running {
+			if err := a.Start(); err != nil {
+				t.Errorf("starting host %d again: %v", a.N, err)
+			}
+		}
+	}()
+	db, err := clusterdb.Open(ctx, c.PG.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+
+	// The export meets the outage: the pause answers, the row waits.
+	c.S3.Stop()
+	if r := do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/pause", map[string]any{"spill": true}, nil); r.status != 204 {
+		t.Fatalf("pause with the store down: %d %s", r.status, r.body)
+	}
+	eventually(t, 10*time.Second, "the paused row", func() bool {
+		row, err := db.GetSandbox(ctx, sb.ID)
+		return err == nil && row.State == "paused"
+	})
+	// Its host dies before the upload: nothing else can resume it.
+	a.Kill()
+	running = false
+	eventually(t, 30*time.Second, "a resume to say the sandbox waits for its host", func() bool {
+		r := do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/connect", map[string]any{"timeout": 120}, nil)
+		return r.status == 503 && strings.Contains(string(r.body), "had not reached the chunk store")
+	})
+	if row, err := db.GetSandbox(ctx, sb.ID); err != nil || row.HostSlot != a.N || row.State != "paused" || row.StoreRoot != "" {
+		t.Fatalf("row while its host is down: %+v %v", row, err)
+	}
+	// Back (the store still down), the host resumes it from its own disk.
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	running = true
+	var r resp
+	eventually(t, 40*time.Second, "the sandbox to resume on its own host", func() bool {
+		r = do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/connect", map[string]any{"timeout": 120}, nil)
+		return r.status/100 == 2
+	})
+	if out, status := runCode(t, "eu", sb, `print(w, open("/tmp/outage.txt").read())`); out != "17 kept\n" {
+		t.Fatalf("state on its own host: %d %q", status, out)
+	}
+	if h := hostOf(t, sb); h.N != a.N {
+		t.Fatalf("resumed on host %d, not its own %d", h.N, a.N)
+	}
+
+	// Paused again; the upload retries until the store is back.
+	if r := do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/pause", map[string]any{"spill": true}, nil); r.status != 204 {
+		t.Fatalf("second pause: %d %s", r.status, r.body)
+	}
+	time.Sleep(3 * time.Second)
+	if row, err := db.GetSandbox(ctx, sb.ID); err != nil || row.StoreRoot != "" {
+		t.Fatalf("row says uploaded with the store down: %+v %v", row, err)
+	}
+	if err := c.S3.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pausedInStore(t, sb.ID)
+
+	// The import meets the outage: a clear error, the sandbox kept.
+	a.Kill()
+	running = false
+	c.S3.Stop()
+	eventually(t, 60*time.Second, "a resume elsewhere to fail on the store", func() bool {
+		r = do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/connect", map[string]any{"timeout": 120}, nil)
+		if r.status/100 == 2 {
+			t.Fatalf("resumed with the store down: %s", r.header.Get("Server-Timing"))
+		}
+		return r.status == 503 && strings.Contains(string(r.body), "store")
+	})
+	t.Logf("the import's error: %s", r.body)
+	row, err := db.GetSandbox(ctx, sb.ID)
+	if err != nil || row.HostSlot == a.N || row.State != "paused" || row.StoreRoot == "" {
+		t.Fatalf("row after the failed import: %+v %v", row, err)
+	}
+	if err := c.S3.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if r = do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/connect", map[string]any{"timeout": 120}, nil); r.status/100 != 2 {
+		t.Fatalf("resume once the store is back: %d %s", r.status, r.body)
+	}
+	if out, status := runCode(t, "eu", sb, `print(w, open("/tmp/outage.txt").read())`); out != "17 kept\n" {
+		t.Fatalf("state on the new host: %d %q", status, out)
+	}
+	rowsIntact(t)
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	running = true
+	do(t, "eu", "DELETE", "/sandboxes/"+sb.ID, nil, nil)
+}
+
+// storeUse is what the cluster's chunk store holds: its manifests and
+// chunks, and their bytes.
+func storeUse(t *testing.T) (manifests, chunks int, bytes int64) {
+	t.Helper()
+	err := filepath.WalkDir(c.StoreDir, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // collected while we walked
+		}
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		switch rel, _ := filepath.Rel(c.StoreDir, p); {
+		case strings.HasPrefix(rel, "manifests/"):
+			manifests++
+		case strings.HasPrefix(rel, "chunks/"):
+			chunks++
+		default:
+			return nil
+		}
+		bytes += info.Size()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return manifests, chunks, bytes
+}
+
+// testStoreCollects: the hosts share the chunk store and one of them
+// collects it (each round claimed in the database) with the cluster's
+// rows as the live roots: a deleted snapshot's and a killed paused
+// sandbox's unique chunks go once the grace period is over, while what
+// another host's rows still name stays.
+func testStoreCollects(t *testing.T) {
+	sb := create(t, "eu", nil)
+	// 8 MiB no other image has, in memory and on disk.
+	if out, status := runCode(t, "eu", sb, `import os; blob = os.urandom(8 << 20); open("/tmp/blob", "wb").write(blob); print(len(blob))`); out != "8388608\n" {
+		t.Fatalf("setting state up: %d %q", status, out)
+	}
+	r := do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/snapshots", nil, nil)
+	if r.status != 201 {
+		t.Fatalf("snapshot: %d %s", r.status, r.body)
+	}
+	var sn struct {
+		ID string `json:"snapshotID"`
+	}
+	r.json(t, &sn)
+	waitUploaded(t, sn.ID)
+	if r := do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/pause", nil, nil); r.status != 204 {
+		t.Fatalf("pause: %d %s", r.status, r.body)
+	}
+	pausedInStore(t, sb.ID)
+	m0, c0, b0 := storeUse(t)
+
+	// The paused sandbox's row keeps its image whole.
+	if r := do(t, "eu", "DELETE", "/snapshots/"+sn.ID, nil, nil); r.status != 204 {
+		t.Fatalf("deleting the snapshot: %d %s", r.status, r.body)
+	}
+	time.Sleep(storeGCGrace + 3*storeGCInterval)
+	m1, c1, b1 := storeUse(t)
+	if m1 >= m0 {
+		t.Errorf("the deleted snapshot's manifest stayed: %d manifests, %d before", m1, m0)
+	}
+	rowsIntact(t)
+	// Killed, the paused sandbox names nothing: its chunks go.
+	if r := do(t, "eu", "DELETE", "/sandboxes/"+sb.ID, nil, nil); r.status != 204 {
+		t.Fatalf("kill: %d %s", r.status, r.body)
+	}
+	var m2, c2 int
+	var b2 int64
+	eventually(t, storeGCGrace+10*storeGCInterval, "the killed sandbox's chunks to be collected", func() bool {
+		m2, c2, b2 = storeUse(t)
+		return b1-b2 >= 8<<20
+	})
+	time.Sleep(2 * storeGCInterval) // the round that got there has finished its sweep
+	m2, c2, b2 = storeUse(t)
+	t.Logf("chunk store: %d manifests, %d chunks, %d bytes with the snapshot and the paused sandbox; %d, %d, %d after the snapshot's deletion; %d, %d, %d after the kill",
+		m0, c0, b0, m1, c1, b1, m2, c2, b2)
+	rowsIntact(t)
+}
+
+// rowsIntact checks that every manifest the cluster's rows name is in the
+// store with all its chunks.
+func rowsIntact(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := clusterdb.Open(ctx, c.PG.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	roots, err := db.StoreRoots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := chunkstore.Open(ctx, c.Store, chunkstore.Options{S3: c.S3.Config()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, root := range roots {
+		h, err := chunkstore.ParseHash(root)
+		if err != nil {
+			t.Fatalf("root %q: %v", root, err)
+		}
+		m, err := s.Manifest(ctx, h)
+		if err != nil {
+			var names []string
+			rows, _ := db.Pool().Query(ctx, `SELECT 'sandbox ' || id || ' ' || state || ' on ' || host_slot FROM sandboxes WHERE store_root = $1
+				UNION ALL SELECT 'snapshot ' || id || ' on ' || host_slot FROM snapshots WHERE store_root = $1`, root)
+			for rows.Next() {
+				var n string
+				_ = rows.Scan(&n)
+				names = append(names, n)
+			}
+			rows.Close()
+			t.Errorf("a manifest %v name: %v", names, err)
+			continue
+		}
+		var keys []string
+		for _, h := range m.Hashes() {
+			keys = append(keys, chunkstore.ChunkKey(h))
+		}
+		has, err := s.Backend().Has(ctx, keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, ok := range has {
+			if !ok {
+				t.Errorf("manifest %s names chunk %s, which is not in the store", root, keys[i])
+			}
+		}
+	}
 }

@@ -64,9 +64,13 @@ func StartS3(t testing.TB) *S3Server {
 	return s
 }
 
-// NewS3Server starts a server keeping its data and log in dir. Close
-// stops it.
-func NewS3Server(dir string) (*S3Server, error) {
+// NewS3Server starts a server keeping its data and log in dir, on a free
+// loopback port. Close stops it.
+func NewS3Server(dir string) (*S3Server, error) { return NewS3ServerOn(dir, "127.0.0.1") }
+
+// NewS3ServerOn starts a server on a free port of the address ip (one
+// that other network namespaces reach, for a cluster's hosts).
+func NewS3ServerOn(dir, ip string) (*S3Server, error) {
 	bin, err := VersityGW()
 	if err != nil {
 		return nil, err
@@ -78,7 +82,7 @@ func NewS3Server(dir string) (*S3Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		return nil, err
 	}
@@ -107,6 +111,12 @@ func tail(s string, n int) string {
 
 // Endpoint is the server's URL.
 func (s *S3Server) Endpoint() string { return "http://" + s.addr }
+
+// Env is how a daemon reaches the server: the AWS_* variables
+// chunkstore.S3ConfigFromEnv reads.
+func (s *S3Server) Env() []string {
+	return []string{"AWS_ENDPOINT_URL_S3=" + s.Endpoint(), "AWS_ACCESS_KEY_ID=" + s.access, "AWS_SECRET_ACCESS_KEY=" + s.secret}
+}
 
 // Config is how a chunkstore reaches the server.
 func (s *S3Server) Config() chunkstore.S3Config {

@@ -7,6 +7,7 @@
 //
 //	root netns: bridge <tag>b 10.77.N.1/24, PostgreSQL and the gateways on it
 //	netns <tag>h1..: veth 10.77.N.11.., default route via the bridge
+//	the hosts' chunk store: a directory, or versitygw (S3) on the bridge
 //
 // Host addresses stay out of 10.88/16 and 10.89/16 (the sandboxes').
 package harness
@@ -30,6 +31,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/chunkstore/chunkstoretest"
 	"github.com/cellfork/cellfork/internal/clusterdb/pgtest"
 )
 
@@ -42,7 +44,10 @@ type Options struct {
 	HostRegions  []string // one entry per host; default eu, eu, us
 	HostFlags    []string // extra flags for every host
 	GatewayFlags []string // extra flags for every gateway
-	Log          io.Writer
+	// S3 puts the hosts' shared chunk store in a bucket of a real S3
+	// server (versitygw, on the bridge) instead of a shared directory.
+	S3  bool
+	Log io.Writer
 }
 
 // Cluster is a running cluster.
@@ -56,6 +61,9 @@ type Cluster struct {
 	Gateways map[string]*Proc // by region
 	Key      string           // an API key of team "test"
 	Team     string
+	S3       *chunkstoretest.S3Server // the hosts' store, with Options.S3
+	StoreDir string                   // where the store's objects are on disk
+	Store    string                   // the hosts' --store
 	cleanups []func()
 }
 
@@ -64,6 +72,7 @@ type Proc struct {
 	Name string
 	Addr string
 	args []string
+	env  []string // added to the harness's own
 	log  *logBuffer
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -139,6 +148,21 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		return c, err
 	}
 	c.cleanups = append(c.cleanups, c.PG.Stop)
+	// One chunk store for the cluster's hosts: images travel through it.
+	c.StoreDir = filepath.Join(o.Dir, "store")
+	c.Store = "file://" + c.StoreDir
+	if o.S3 {
+		if c.S3, err = chunkstoretest.NewS3ServerOn(filepath.Join(o.Dir, "s3"), c.subnet+".1"); err != nil {
+			return c, err
+		}
+		c.cleanups = append(c.cleanups, c.S3.Close)
+		bucket, err := c.S3.MakeBucket()
+		if err != nil {
+			return c, err
+		}
+		c.Store = "s3://" + bucket + "/cluster"
+		c.StoreDir = filepath.Join(o.Dir, "s3", "data", bucket, "cluster") // versitygw's posix backend
+	}
 	gwAddr := map[string]string{}
 	for _, r := range o.Regions {
 		gwAddr[r] = net.JoinHostPort(c.subnet+".1", strconv.Itoa(freePort()))
@@ -234,11 +258,11 @@ func (c *Cluster) addHost(n int, region string) (*Host, error) {
 	}
 	args := []string{"nsenter", "--net=/run/netns/" + h.NS, "--", c.opts.Bin, "serve", "--cluster", c.PG.URL, "--region", region,
 		"--addr", h.Addr, "--data-dir", h.DataDir, "--template-dir", c.opts.TemplateDir,
-		"--pool-ready", "0", "--pool-shells", "0", "--standby-snapshots", "0", "-v",
-		// One chunk store for the cluster's hosts (a shared directory
-		// here; an S3 bucket in production): images travel through it.
-		"--store", "file://" + filepath.Join(c.opts.Dir, "store")}
+		"--pool-ready", "0", "--pool-shells", "0", "--standby-snapshots", "0", "-v", "--store", c.Store}
 	h.args = append(args, c.opts.HostFlags...)
+	if c.S3 != nil {
+		h.env = c.S3.Env()
+	}
 	return h, nil
 }
 
@@ -247,6 +271,9 @@ func (p *Proc) Start() error {
 	p.mu.Lock()
 	p.cmd = exec.Command(p.args[0], p.args[1:]...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if len(p.env) > 0 {
+		p.cmd.Env = append(os.Environ(), p.env...)
+	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {
 		p.mu.Unlock()
