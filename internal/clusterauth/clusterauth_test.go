@@ -1,7 +1,11 @@
 package clusterauth
 
 import (
+	"bytes"
+	"context"
 	"errors"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -34,5 +38,29 @@ func TestSignVerify(t *testing.T) {
 	}
 	if _, err := Verify(httptest.NewRequest("GET", "/", nil), [][]byte{key}, now); !errors.Is(err, ErrUnsigned) {
 		t.Errorf("unsigned: %v", err)
+	}
+}
+
+// Call's request checks on the host's side, for its team; the answer
+// comes back whole up to MaxAnswer.
+func TestCall(t *testing.T) {
+	key := []byte("internal key")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := Verify(r, [][]byte{key}, time.Now())
+		if err != nil || c.Team != "acme" || c.Mint != "" || r.Header.Get("Content-Type") != "application/json" {
+			http.Error(w, "refused", http.StatusUnauthorized)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusCreated)
+		w.Write(append(body, bytes.Repeat([]byte("x"), MaxAnswer)...))
+	}))
+	defer srv.Close()
+	status, body, err := Call(context.Background(), http.DefaultTransport, key, "acme", http.MethodPost, srv.URL+"/sandboxes/x/pause?a=b", []byte(`{"spill":true}`))
+	if err != nil || status != http.StatusCreated || len(body) != MaxAnswer || !bytes.HasPrefix(body, []byte(`{"spill":true}x`)) {
+		t.Fatalf("call: %d %d bytes %v", status, len(body), err)
+	}
+	if status, _, err := Call(context.Background(), http.DefaultTransport, []byte("another key"), "acme", http.MethodGet, srv.URL+"/", nil); err != nil || status != http.StatusUnauthorized {
+		t.Fatalf("a call signed with another key: %d %v", status, err)
 	}
 }
