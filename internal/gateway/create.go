@@ -307,14 +307,13 @@ func errTeam(c caller, max int) error {
 // (transport error, 5xx): then it answers nothing. created says whether
 // the host made the sandbox (a 4xx answers the client and makes none).
 func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.Host, team, id string, body []byte) (answered, created bool) {
-	t0 := time.Now()
 	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, "http://"+h.Addr+r.URL.Path, bytes.NewReader(body))
 	if err != nil {
 		return false, false
 	}
 	out.Header.Set("Content-Type", "application/json")
 	clusterauth.Sign(out, g.secrets.Load().Internal, team, id, time.Now())
-	resp, err := g.toHosts.RoundTrip(out)
+	resp, err := g.hostCall(out)
 	if err != nil {
 		g.log.Warn("create failed on a host; trying another", "slot", h.Slot, "err", err)
 		return false, false
@@ -325,7 +324,6 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.H
 		g.log.Warn("create failed on a host; trying another", "slot", h.Slot, "status", resp.StatusCode, "body", strings.TrimSpace(string(msg)))
 		return false, false
 	}
-	timing.Since(r.Context(), "host", t0)
 	if st := resp.Header.Get("Server-Timing"); st != "" {
 		w.Header().Set("Server-Timing", st)
 	}
@@ -338,6 +336,16 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.H
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, resp.Body)
 	return true, resp.StatusCode/100 == 2
+}
+
+// hostCall sends a request the gateway made itself to a host, as the
+// request's "host" phase (until the answer's headers); with tracing on,
+// the host's request span continues that phase's.
+func (g *Gateway) hostCall(out *http.Request) (*http.Response, error) {
+	ctx, end := timing.Start(out.Context(), "host")
+	defer end()
+	timing.Inject(ctx, out.Header)
+	return g.toHosts.RoundTrip(out)
 }
 
 // fork forwards a fork to the parent's host for as many children as it
@@ -382,7 +390,7 @@ func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, c caller, id stri
 		out, _ := http.NewRequestWithContext(r.Context(), http.MethodPost, "http://"+h.Addr+r.URL.Path, bytes.NewReader(nb))
 		out.Header.Set("Content-Type", "application/json")
 		clusterauth.Sign(out, g.secrets.Load().Internal, c.team.ID, "", time.Now())
-		resp, err := g.toHosts.RoundTrip(out)
+		resp, err := g.hostCall(out)
 		if err != nil {
 			api.WriteError(w, r.Header.Get("X-Request-Id"), http.StatusBadGateway, "the parent's host does not answer; retry later")
 			return
@@ -438,7 +446,7 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 		}
 		req.Header.Set("Content-Type", "application/json")
 		clusterauth.Sign(req, g.secrets.Load().Internal, c.team.ID, "", time.Now())
-		resp, err := g.toHosts.RoundTrip(req)
+		resp, err := g.hostCall(req)
 		if err != nil {
 			return 0, nil, err
 		}

@@ -24,11 +24,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/telemetry/otlptest"
 	"github.com/cellfork/cellfork/test/cluster/harness"
 )
 
 var (
 	c        *harness.Cluster
+	traces   = &otlptest.Collector{} // what the hosts and gateways trace
 	repoRoot string
 	edKey    ed25519.PrivateKey
 	ecKey    *ecdsa.PrivateKey
@@ -61,7 +63,7 @@ func TestMain(m *testing.M) {
 		logs = os.Stderr
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	c, err = harness.Start(ctx, harness.Options{Dir: dir, Bin: bin, TemplateDir: tpl, GatewayFlags: gwFlags, Log: logs})
+	c, err = harness.Start(ctx, harness.Options{Dir: dir, Bin: bin, TemplateDir: tpl, GatewayFlags: gwFlags, Traces: traces, Log: logs})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "starting the cluster:", err)
@@ -186,8 +188,17 @@ func create(t *testing.T, region string, body map[string]any) sandbox {
 // its stdout.
 func runCode(t *testing.T, region string, sb sandbox, code string) (string, int) {
 	t.Helper()
-	r := do(t, region, "POST", "/execute", map[string]any{"code": code}, map[string]string{
-		"E2b-Sandbox-Id": sb.ID, "E2b-Sandbox-Port": "49999", "X-Access-Token": sb.Token, "X-API-KEY": ""})
+	return runCodeWith(t, region, sb, code, nil)
+}
+
+// runCodeWith is runCode with more headers.
+func runCodeWith(t *testing.T, region string, sb sandbox, code string, headers map[string]string) (string, int) {
+	t.Helper()
+	h := map[string]string{"E2b-Sandbox-Id": sb.ID, "E2b-Sandbox-Port": "49999", "X-Access-Token": sb.Token, "X-API-KEY": ""}
+	for k, v := range headers {
+		h[k] = v
+	}
+	r := do(t, region, "POST", "/execute", map[string]any{"code": code}, h)
 	var out strings.Builder
 	for _, line := range bytes.Split(r.body, []byte("\n")) {
 		var ev struct {

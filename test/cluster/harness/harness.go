@@ -42,7 +42,13 @@ type Options struct {
 	HostRegions  []string // one entry per host; default eu, eu, us
 	HostFlags    []string // extra flags for every host
 	GatewayFlags []string // extra flags for every gateway
-	Log          io.Writer
+	// Traces, when set, receives the traces of every host and gateway:
+	// they run with --tracing and export over OTLP/HTTP to it (served on
+	// the bridge, where the hosts reach it). Only requests that come with
+	// a sampled traceparent are traced (OTEL_TRACES_SAMPLER=
+	// parentbased_always_off), so the rest of a suite costs nothing.
+	Traces http.Handler
+	Log    io.Writer
 }
 
 // Cluster is a running cluster.
@@ -64,6 +70,7 @@ type Proc struct {
 	Name string
 	Addr string
 	args []string
+	env  []string // added to the harness's environment
 	log  *logBuffer
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -139,6 +146,19 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		return c, err
 	}
 	c.cleanups = append(c.cleanups, c.PG.Stop)
+	var env, tracing []string
+	if o.Traces != nil {
+		ln, err := net.Listen("tcp", c.subnet+".1:0")
+		if err != nil {
+			return c, err
+		}
+		srv := &http.Server{Handler: o.Traces, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		c.cleanups = append(c.cleanups, func() { _ = srv.Close() })
+		env = []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + ln.Addr().String(), "OTEL_TRACES_SAMPLER=parentbased_always_off",
+			"OTEL_BSP_SCHEDULE_DELAY=100"}
+		tracing = []string{"--tracing"}
+	}
 	gwAddr := map[string]string{}
 	for _, r := range o.Regions {
 		gwAddr[r] = net.JoinHostPort(c.subnet+".1", strconv.Itoa(freePort()))
@@ -161,6 +181,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		if err != nil {
 			return c, err
 		}
+		h.env, h.args = env, append(h.args, tracing...)
 		c.Hosts = append(c.Hosts, h)
 	}
 	// One host at a time: the first builds (or finds) the warm image the
@@ -174,7 +195,8 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		g := &Proc{Name: "gateway-" + r, Addr: gwAddr[r], log: &logBuffer{out: o.Log}}
 		g.args = []string{o.Bin, "gateway", "--cluster", c.PG.URL, "--region", r, "--addr", gwAddr[r],
 			"--state-dir", filepath.Join(o.Dir, "gw-"+r), "-v"}
-		g.args = append(g.args, o.GatewayFlags...)
+		g.args = append(append(g.args, o.GatewayFlags...), tracing...)
+		g.env = env
 		if err := g.Start(); err != nil {
 			return c, err
 		}
@@ -247,6 +269,9 @@ func (p *Proc) Start() error {
 	p.mu.Lock()
 	p.cmd = exec.Command(p.args[0], p.args[1:]...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if len(p.env) > 0 {
+		p.cmd.Env = append(os.Environ(), p.env...)
+	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {
 		p.mu.Unlock()
