@@ -104,6 +104,13 @@ func dataRoute(r *http.Request, op string) string {
 	return r.Method + " " + op
 }
 
+// DataRoute names a data-plane request's span as a host names it ("POST
+// /execute", "POST process"), for the gateway's span of the same request.
+func DataRoute(r *http.Request) string {
+	t, _ := dataPlaneTarget(r)
+	return dataRoute(r, dataOperation(t, r.URL.Path))
+}
+
 // observe records a served request in the metrics and ends its span.
 func (s *Server) observe(r *http.Request, t target, dataPlane bool, status int, rec *timing.Recorder, span *telemetry.Request, total time.Duration) {
 	var op, route, sandboxID string

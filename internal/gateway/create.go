@@ -307,14 +307,13 @@ func errTeam(c caller, max int) error {
 // (transport error, 5xx): then it answers nothing. created says whether
 // the host made the sandbox (a 4xx answers the client and makes none).
 func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.Host, team, id string, body []byte) (answered, created bool) {
-	t0 := time.Now()
 	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, "http://"+h.Addr+r.URL.Path, bytes.NewReader(body))
 	if err != nil {
 		return false, false
 	}
 	out.Header.Set("Content-Type", "application/json")
 	clusterauth.Sign(out, g.secrets.Load().Internal, team, id, time.Now())
-	resp, err := g.toHosts.RoundTrip(out)
+	resp, err := g.hostCall(out)
 	if err != nil {
 		g.log.Warn("create failed on a host; trying another", "slot", h.Slot, "err", err)
 		return false, false
@@ -325,7 +324,6 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.H
 		g.log.Warn("create failed on a host; trying another", "slot", h.Slot, "status", resp.StatusCode, "body", strings.TrimSpace(string(msg)))
 		return false, false
 	}
-	timing.Since(r.Context(), "host", t0)
 	if st := resp.Header.Get("Server-Timing"); st != "" {
 		w.Header().Set("Server-Timing", st)
 	}
@@ -340,9 +338,25 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.H
 	return true, resp.StatusCode/100 == 2
 }
 
-// callHost sends a signed call for team to host h and returns its answer.
+// hostCall sends a request the gateway made itself to a host, as the
+// request's "host" phase (until the answer's headers); with tracing on,
+// the host's request span continues that phase's.
+func (g *Gateway) hostCall(out *http.Request) (*http.Response, error) {
+	ctx, end := timing.Start(out.Context(), "host")
+	defer end()
+	timing.Inject(ctx, out.Header)
+	return g.toHosts.RoundTrip(out)
+}
+
+// roundTripper adapts a function to http.RoundTripper.
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// callHost sends a signed call for team to host h (as hostCall) and
+// returns its answer.
 func (g *Gateway) callHost(ctx context.Context, h clusterdb.Host, team, method, path string, body []byte) (int, []byte, error) {
-	return clusterauth.Call(ctx, g.toHosts, g.secrets.Load().Internal, team, method, "http://"+h.Addr+path, body)
+	return clusterauth.Call(ctx, roundTripper(g.hostCall), g.secrets.Load().Internal, team, method, "http://"+h.Addr+path, body)
 }
 
 // fork forwards a fork to the parent's host for as many children as it

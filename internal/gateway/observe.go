@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/api"
@@ -36,8 +37,54 @@ func (g *Gateway) observed(r *http.Request) func(int, *timing.Recorder, *telemet
 		if status == http.StatusUnauthorized {
 			m.AuthFailure(authReason(r, dataPlane, port))
 		}
-		span.Finish("", "gateway "+plane, id, status)
+		if span != nil {
+			route := r.Method + " " + controlRoute(r.URL.Path)
+			if dataPlane {
+				route = api.DataRoute(r)
+			}
+			span.Finish(route, "gateway "+plane, id, status)
+		}
 	}
+}
+
+// sandboxRoutes are the paths under /sandboxes/{id}/ a span is named by.
+var sandboxRoutes = map[string]bool{"timeout": true, "refreshes": true, "connect": true, "metrics": true, "pause": true,
+	"resume": true, "snapshots": true, "fork": true, "rollback": true, "merge": true, "network": true}
+
+// controlRoute names a control-plane path for its span from a small set,
+// as a host's routes are named: ids as {id} and {snapshotID}, and a path
+// the gateway does not serve as "unknown" (a client chooses paths: a span
+// name must not carry them).
+func controlRoute(p string) string {
+	if rest, ok := strings.CutPrefix(p, "/r/"); ok {
+		_, p, _ = strings.Cut(rest, "/")
+		p = "/" + p
+	}
+	switch p {
+	case "/sandboxes", "/v2/sandboxes", "/snapshots", "/snapshots/usage", "/templates", "/v3/templates", "/hosts",
+		"/health", "/openapi.yaml", "/dashboard":
+		return p
+	}
+	if strings.HasPrefix(p, "/dashboard/") {
+		return "/dashboard/"
+	}
+	if id := sandboxInPath(p); id != "" {
+		prefix, rest, _ := strings.Cut(p, "/sandboxes/"+id)
+		route := prefix + "/sandboxes/{id}"
+		switch sub := strings.TrimPrefix(rest, "/"); {
+		case sub == "":
+			return route
+		case sandboxRoutes[sub]:
+			return route + "/" + sub
+		}
+		return "unknown"
+	}
+	for _, prefix := range []string{"/snapshots/", "/templates/", "/v2/templates/"} {
+		if rest, ok := strings.CutPrefix(p, prefix); ok && rest != "" && !strings.Contains(rest, "/") {
+			return prefix + "{snapshotID}"
+		}
+	}
+	return "unknown"
 }
 
 // authReason says why a refused request was refused, from what it sent.

@@ -49,3 +49,26 @@ func TestObserved(t *testing.T) {
 		}
 	}
 }
+
+// TestControlRoute: a control-plane span's name is its route, never an id
+// or a path a client made up.
+func TestControlRoute(t *testing.T) {
+	for p, want := range map[string]string{
+		"/v2/sandboxes":                       "/v2/sandboxes",
+		"/r/us/v2/sandboxes":                  "/v2/sandboxes",
+		"/sandboxes/i01a2b3c4d5e6f7g8h9j0":    "/sandboxes/{id}",
+		"/sandboxes/i01a2b3c4d5e6f7g8h9/fork": "/sandboxes/{id}/fork",
+		"/v2/sandboxes/abc/connect":           "/v2/sandboxes/{id}/connect",
+		"/sandboxes/abc/made-up":              "unknown",
+		"/sandboxes/abc/fork/more":            "unknown",
+		"/snapshots/s0123":                    "/snapshots/{snapshotID}",
+		"/snapshots/usage":                    "/snapshots/usage",
+		"/templates/base":                     "/templates/{snapshotID}",
+		"/dashboard/app.js":                   "/dashboard/",
+		"/whatever/x":                         "unknown",
+	} {
+		if got := controlRoute(p); got != want {
+			t.Errorf("controlRoute(%q) = %q, want %q", p, got, want)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/api"
@@ -300,7 +301,14 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, h hop, modify 
 		return
 	}
 	reqID := r.Header.Get("X-Request-Id")
-	t1 := time.Now()
+	// The upstream phase lasts until the answer's headers; with tracing
+	// on, its span is the one the host's request span continues.
+	ctx, endUpstream := timing.Start(r.Context(), "upstream")
+	var once sync.Once
+	defer once.Do(endUpstream)
+	if ctx != r.Context() {
+		r = r.WithContext(ctx)
+	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = target.Scheme, target.Host
@@ -322,13 +330,14 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, h hop, modify 
 		Transport:     g.toHosts,
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
-			timing.Since(r.Context(), "upstream", t1)
+			once.Do(endUpstream)
 			if modify != nil {
 				return modify(resp)
 			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			once.Do(endUpstream)
 			if r.Context().Err() != nil {
 				return // the client went away
 			}

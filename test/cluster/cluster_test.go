@@ -21,6 +21,7 @@ func TestCluster(t *testing.T) {
 		f    func(*testing.T)
 	}{
 		{"routes", testRoutes},
+		{"traces", testTraces},
 		{"auth", testAuthAtTheEdge},
 		{"placement", testPlacementSaysWhy},
 		{"sdk", testSDKConformance},

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/telemetry/otlptest"
 	"github.com/cellfork/cellfork/test/cluster/harness"
 )
 
@@ -32,6 +33,7 @@ const storeGCInterval, storeGCGrace = 2 * time.Second, 10 * time.Second
 
 var (
 	c        *harness.Cluster
+	traces   = &otlptest.Collector{} // what the hosts and gateways trace
 	repoRoot string
 	edKey    ed25519.PrivateKey
 	ecKey    *ecdsa.PrivateKey
@@ -64,7 +66,7 @@ func TestMain(m *testing.M) {
 		logs = os.Stderr
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	c, err = harness.Start(ctx, harness.Options{Dir: dir, Bin: bin, TemplateDir: tpl, GatewayFlags: gwFlags, S3: true, Log: logs,
+	c, err = harness.Start(ctx, harness.Options{Dir: dir, Bin: bin, TemplateDir: tpl, GatewayFlags: gwFlags, S3: true, Traces: traces, Log: logs,
 		// The hosts collect their shared store often, with a short grace
 		// period: every test runs beside collections.
 		HostFlags: []string{"--store-gc-interval", storeGCInterval.String(), "--store-gc-grace", storeGCGrace.String()}})
@@ -192,8 +194,17 @@ func create(t *testing.T, region string, body map[string]any) sandbox {
 // its stdout.
 func runCode(t *testing.T, region string, sb sandbox, code string) (string, int) {
 	t.Helper()
-	r := do(t, region, "POST", "/execute", map[string]any{"code": code}, map[string]string{
-		"E2b-Sandbox-Id": sb.ID, "E2b-Sandbox-Port": "49999", "X-Access-Token": sb.Token, "X-API-KEY": ""})
+	return runCodeWith(t, region, sb, code, nil)
+}
+
+// runCodeWith is runCode with more headers.
+func runCodeWith(t *testing.T, region string, sb sandbox, code string, headers map[string]string) (string, int) {
+	t.Helper()
+	h := map[string]string{"E2b-Sandbox-Id": sb.ID, "E2b-Sandbox-Port": "49999", "X-Access-Token": sb.Token, "X-API-KEY": ""}
+	for k, v := range headers {
+		h[k] = v
+	}
+	r := do(t, region, "POST", "/execute", map[string]any{"code": code}, h)
 	var out strings.Builder
 	for _, line := range bytes.Split(r.body, []byte("\n")) {
 		var ev struct {

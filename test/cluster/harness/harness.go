@@ -46,8 +46,14 @@ type Options struct {
 	GatewayFlags []string // extra flags for every gateway
 	// S3 puts the hosts' shared chunk store in a bucket of a real S3
 	// server (versitygw, on the bridge) instead of a shared directory.
-	S3  bool
-	Log io.Writer
+	S3 bool
+	// Traces, when set, receives the traces of every host and gateway:
+	// they run with --tracing and export over OTLP/HTTP to it (served on
+	// the bridge, where the hosts reach it). Only requests that come with
+	// a sampled traceparent are traced (OTEL_TRACES_SAMPLER=
+	// parentbased_always_off), so the rest of a suite costs nothing.
+	Traces http.Handler
+	Log    io.Writer
 }
 
 // Cluster is a running cluster.
@@ -72,7 +78,7 @@ type Proc struct {
 	Name string
 	Addr string
 	args []string
-	env  []string // added to the harness's own
+	env  []string // added to the harness's environment
 	log  *logBuffer
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -163,6 +169,19 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		c.Store = "s3://" + bucket + "/cluster"
 		c.StoreDir = filepath.Join(o.Dir, "s3", "data", bucket, "cluster") // versitygw's posix backend
 	}
+	var env, tracing []string
+	if o.Traces != nil {
+		ln, err := net.Listen("tcp", c.subnet+".1:0")
+		if err != nil {
+			return c, err
+		}
+		srv := &http.Server{Handler: o.Traces, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		c.cleanups = append(c.cleanups, func() { _ = srv.Close() })
+		env = []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + ln.Addr().String(), "OTEL_TRACES_SAMPLER=parentbased_always_off",
+			"OTEL_BSP_SCHEDULE_DELAY=100"}
+		tracing = []string{"--tracing"}
+	}
 	gwAddr := map[string]string{}
 	for _, r := range o.Regions {
 		gwAddr[r] = net.JoinHostPort(c.subnet+".1", strconv.Itoa(freePort()))
@@ -185,6 +204,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		if err != nil {
 			return c, err
 		}
+		h.env, h.args = append(h.env, env...), append(h.args, tracing...)
 		c.Hosts = append(c.Hosts, h)
 	}
 	// One host at a time: the first builds (or finds) the warm image the
@@ -198,7 +218,8 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		g := &Proc{Name: "gateway-" + r, Addr: gwAddr[r], log: &logBuffer{out: o.Log}}
 		g.args = []string{o.Bin, "gateway", "--cluster", c.PG.URL, "--region", r, "--addr", gwAddr[r],
 			"--state-dir", filepath.Join(o.Dir, "gw-"+r), "-v"}
-		g.args = append(g.args, o.GatewayFlags...)
+		g.args = append(append(g.args, o.GatewayFlags...), tracing...)
+		g.env = env
 		if err := g.Start(); err != nil {
 			return c, err
 		}
