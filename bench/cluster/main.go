@@ -46,12 +46,29 @@ import (
 )
 
 var (
-	bin   = flag.String("bin", "bin/cellfork", "the cellfork binary")
-	tpl   = flag.String("template-dir", "/var/lib/cellfork/templates", "the template directory")
-	n     = flag.Int("n", 300, "samples of the hot paths")
-	conns = flag.Int("conns", 10000, "idle connections to hold")
-	quick = flag.Bool("quick", false, "fewer samples")
+	bin      = flag.String("bin", "bin/cellfork", "the cellfork binary")
+	tpl      = flag.String("template-dir", "/var/lib/cellfork/templates", "the template directory")
+	n        = flag.Int("n", 300, "samples of the hot paths")
+	conns    = flag.Int("conns", 10000, "idle connections to hold")
+	quick    = flag.Bool("quick", false, "fewer samples")
+	only     = flag.String("only", "", "run only these parts, comma-separated: placement, overhead, creates, connections")
+	gwBQuiet = flag.Bool("gateway-b-quiet", false, "run -gateway-b's gateway without -v (requests not logged)")
+	gwBEnv   = flag.String("gateway-b-env", "", "environment for -gateway-b's gateway, comma-separated (GOMAXPROCS=1)")
+	gwB      = flag.String("gateway-b", "", "a second build's cellfork binary: its gateway (region eu, beside the first) is measured in the same run as the gateway's overhead, requests interleaved")
 )
+
+// part reports whether a part of the benchmark is to run.
+func part(name string) bool {
+	if *only == "" {
+		return true
+	}
+	for _, p := range strings.Split(*only, ",") {
+		if strings.TrimSpace(p) == name {
+			return true
+		}
+	}
+	return false
+}
 
 func main() {
 	flag.Parse()
@@ -64,8 +81,13 @@ func main() {
 	dir, _ := os.MkdirTemp("", "cellfork-bench-cluster-")
 	defer os.RemoveAll(dir)
 	fmt.Printf("load average before: %s\n\n", loadavg())
-	if err := benchPlacement(ctx, dir); err != nil {
-		fail(err)
+	if part("placement") {
+		if err := benchPlacement(ctx, dir); err != nil {
+			fail(err)
+		}
+	}
+	if !part("overhead") && !part("creates") && !part("connections") {
+		return
 	}
 	absBin, _ := filepath.Abs(*bin)
 	c, err := harness.Start(ctx, harness.Options{Dir: filepath.Join(dir, "c"), Bin: absBin, TemplateDir: *tpl,
@@ -84,9 +106,15 @@ func main() {
 		fail(err)
 	}
 	b := &bench{c: c, key: secrets.Internal}
-	b.overhead()
-	b.creates()
-	b.connections()
+	if part("overhead") {
+		b.overhead()
+	}
+	if part("creates") {
+		b.creates()
+	}
+	if part("connections") {
+		b.connections()
+	}
 	fmt.Printf("load average after: %s\n", loadavg())
 }
 
@@ -260,11 +288,39 @@ func (b *bench) gatewayQueries() int64 {
 }
 
 // overhead: the same requests through the gateway and straight to the
-// host, interleaved.
+// host, interleaved (and through a second build's gateway, -gateway-b,
+// in the same rotation).
 func (b *bench) overhead() {
 	s := b.create()
 	defer b.kill(s)
 	host := b.hostAddr(s.ID)
+	type path struct {
+		name string
+		send func(method, path string, body []byte, h map[string]string) (int, []byte, http.Header)
+		pid  int // the gateway's, for its CPU time
+	}
+	paths := []path{
+		{"direct", func(method, p string, body []byte, h map[string]string) (int, []byte, http.Header) {
+			return b.direct(host, method, p, body, h, "", "")
+		}, 0},
+		{"gateway", b.viaGateway, b.c.Gateways["eu"].PID()},
+	}
+	if *gwB != "" {
+		abs, _ := filepath.Abs(*gwB)
+		o := harness.GatewayOptions{Bin: abs, Quiet: *gwBQuiet}
+		if *gwBEnv != "" {
+			o.Env = strings.Split(*gwBEnv, ",")
+		}
+		g, err := b.c.AddGateway("eu", o)
+		if err != nil {
+			fail(err)
+		}
+		paths[1].name = "gateway A"
+		paths = append(paths, path{"gateway B", func(method, p string, body []byte, h map[string]string) (int, []byte, http.Header) {
+			return b.send("http://"+g.Addr+p, method, body, h, nil)
+		}, g.PID()})
+		time.Sleep(2 * time.Second) // its first look at the hosts
+	}
 	dp := func(port string) map[string]string {
 		return map[string]string{"E2b-Sandbox-Id": s.ID, "E2b-Sandbox-Port": port, "X-Access-Token": s.Token}
 	}
@@ -281,7 +337,7 @@ func (b *bench) overhead() {
 	}
 	fmt.Println("### Gateway overhead (same sandbox, requests alternating between the gateway and the host)")
 	fmt.Println()
-	fmt.Println("| request | direct p50 | via gateway p50 | added p50 | direct p99 | via gateway p99 | added p99 | gateway `route` p50 |")
+	fmt.Println("| request | path | p50 (ms) | added p50 | p99 (ms) | added p99 | gateway `route` p50 | gateway CPU per request (µs) |")
 	fmt.Println("|---|---|---|---|---|---|---|---|")
 	idleQ0 := b.gatewayQueries()
 	time.Sleep(3 * time.Second)
@@ -289,30 +345,42 @@ func (b *bench) overhead() {
 	q0, t0 := b.gatewayQueries(), time.Now()
 	requests := 0
 	for _, o := range ops {
-		for i := 0; i < 20; i++ { // warm both paths' connections
-			b.viaGateway(o.method, o.path, o.body, dp(o.port))
-			b.direct(host, o.method, o.path, o.body, dp(o.port), "", "")
+		for i := 0; i < 20; i++ { // warm every path's connections
+			for _, p := range paths {
+				p.send(o.method, o.path, o.body, dp(o.port))
+			}
 		}
-		var d, g, route []float64
+		lat := make([][]float64, len(paths))
+		route := make([][]float64, len(paths))
+		cpu0 := make([]int64, len(paths))
+		for j, p := range paths {
+			cpu0[j] = cpuNS(p.pid)
+		}
 		for i := 0; i < *n; i++ {
-			t := time.Now()
-			if st, body, _ := b.direct(host, o.method, o.path, o.body, dp(o.port), "", ""); st != 200 {
-				fail(fmt.Errorf("%s direct: %d %s", o.name, st, body))
-			}
-			d = append(d, ms(time.Since(t)))
-			t = time.Now()
-			st, body, hdr := b.viaGateway(o.method, o.path, o.body, dp(o.port))
-			if st != 200 {
-				fail(fmt.Errorf("%s via gateway: %d %s", o.name, st, body))
-			}
-			g = append(g, ms(time.Since(t)))
-			requests++
-			if v := phase(hdr.Get("Server-Timing"), "route"); v >= 0 {
-				route = append(route, v)
+			for k := range paths {
+				j := (i + k) % len(paths) // each path first in turn
+				p := paths[j]
+				t := time.Now()
+				st, body, hdr := p.send(o.method, o.path, o.body, dp(o.port))
+				if st != 200 {
+					fail(fmt.Errorf("%s %s: %d %s", o.name, p.name, st, body))
+				}
+				lat[j] = append(lat[j], ms(time.Since(t)))
+				if j == 1 {
+					requests++
+				}
+				if v := phase(hdr.Get("Server-Timing"), "route"); j > 0 && v >= 0 {
+					route[j] = append(route[j], v)
+				}
 			}
 		}
-		dp50, gp50, dp99, gp99 := pct(d, .5), pct(g, .5), pct(d, .99), pct(g, .99)
-		fmt.Printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f |\n", o.name, dp50, gp50, gp50-dp50, dp99, gp99, gp99-dp99, pct(route, .5))
+		d50, d99 := pct(lat[0], .5), pct(lat[0], .99)
+		fmt.Printf("| %s | direct | %.2f | | %.2f | | | |\n", o.name, d50, d99)
+		for j := 1; j < len(paths); j++ {
+			g50, g99 := pct(lat[j], .5), pct(lat[j], .99)
+			cpu := float64(cpuNS(paths[j].pid)-cpu0[j]) / 1e3 / float64(*n)
+			fmt.Printf("| %s | %s | %.2f | **%+.2f** | %.2f | %+.2f | %.3f | %.0f |\n", o.name, paths[j].name, g50, g50-d50, g99, g99-d99, pct(route[j], .5), cpu)
+		}
 	}
 	q1, el := b.gatewayQueries(), time.Since(t0).Seconds()
 	perReq := (float64(q1-q0-1) - idleRate*el) / float64(requests)
@@ -444,6 +512,24 @@ func (b *bench) connections() {
 	fmt.Println("|---|---|---|---|---|---|---|")
 	fmt.Printf("| %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f |\n\n", len(held), opened.Seconds(), float64(rss0)/1024, float64(rss1)/1024,
 		float64(rss1-rss0)/float64(max(len(held), 1)), pct(lat, .5), pct(lat, .99))
+}
+
+// cpuNS is the CPU time a process's threads have run (ns; schedstat), 0
+// for pid 0.
+func cpuNS(pid int) int64 {
+	if pid == 0 {
+		return 0
+	}
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var sum int64
+	for _, t := range tasks {
+		b, _ := os.ReadFile(t)
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			n, _ := strconv.ParseInt(f[0], 10, 64)
+			sum += n
+		}
+	}
+	return sum
 }
 
 // rss is a process's resident memory in KiB.

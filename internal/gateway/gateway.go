@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"os"
 	"path/filepath"
 	"sync"
@@ -73,6 +74,11 @@ type Gateway struct {
 	tokens  atomic.Pointer[ids.Tokens]
 	keys    keyCache
 	toHosts *http.Transport
+	proxy   *httputil.ReverseProxy // forward's, over toHosts
+	direct  *hostClient            // forwardDirect's connections
+	// noDirect sends every forward through the reverse proxy (tests
+	// compare the two).
+	noDirect bool
 
 	movedMu sync.Mutex // serializes updates of moved (copy on write)
 }
@@ -108,12 +114,14 @@ func New(cfg Config) *Gateway {
 		cfg.DefaultMemoryMB = 1024
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Log}
+	g.direct = newHostClient(hostDialer())
 	g.toHosts = &http.Transport{
 		DialContext:         hostDialer().DialContext,
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}
+	g.proxy = g.newProxy()
 	empty := map[string]int{}
 	g.moved.Store(&empty)
 	g.keys.ttl = cfg.KeyTTL
@@ -434,4 +442,5 @@ func (g *Gateway) Close() {
 		db.Close()
 	}
 	g.toHosts.CloseIdleConnections()
+	g.direct.closeIdle(true)
 }

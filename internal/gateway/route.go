@@ -7,10 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httputil"
-	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/api"
@@ -275,84 +272,6 @@ func withState(doc json.RawMessage, state string) map[string]any {
 	return m
 }
 
-// hop is where forward sends a request: a host (the call signed, for
-// team, with the id a create takes) or another region's gateway (as the
-// client sent it).
-type hop struct {
-	base       string
-	toHost     bool
-	control    bool // a control-plane call (else the data plane's)
-	team, mint string
-}
-
-// toHost is a control-plane call to a host, for team.
-func toHost(addr, team, mint string) hop { return hop{"http://" + addr, true, true, team, mint} }
-
-// intoSandbox is a data-plane request to a host.
-func intoSandbox(addr string) hop { return hop{base: "http://" + addr, toHost: true} }
-
-// forward proxies r to h, streaming both ways; modify, if not nil, may
-// rewrite the answer.
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, h hop, modify func(*http.Response) error) {
-	base := h.base
-	target, err := url.Parse(base)
-	if err != nil {
-		api.Fail(g.log, w, r, err)
-		return
-	}
-	reqID := r.Header.Get("X-Request-Id")
-	// The upstream phase lasts until the answer's headers; with tracing
-	// on, its span is the one the host's request span continues.
-	ctx, endUpstream := timing.Start(r.Context(), "upstream")
-	var once sync.Once
-	defer once.Do(endUpstream)
-	if ctx != r.Context() {
-		r = r.WithContext(ctx)
-	}
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme, pr.Out.URL.Host = target.Scheme, target.Host
-			pr.Out.URL.Path = strings.TrimSuffix(target.Path, "/") + pr.In.URL.Path
-			pr.Out.Host = pr.In.Host // the host routes the data plane by it
-			pr.Out.Header.Del("X-Request-Id")
-			timing.Inject(pr.Out.Context(), pr.Out.Header) // with tracing: the host's spans join the gateway's
-			if h.toHost {
-				if h.control {
-					// Hosts trust the signature; the client's credentials
-					// stay here. (On the data plane, Authorization names
-					// envd's user: it goes on.)
-					pr.Out.Header.Del("X-API-KEY")
-					pr.Out.Header.Del("Authorization")
-				}
-				clusterauth.Sign(pr.Out, g.secrets.Load().Internal, h.team, h.mint, time.Now())
-			}
-		},
-		Transport:     g.toHosts,
-		FlushInterval: -1,
-		ModifyResponse: func(resp *http.Response) error {
-			once.Do(endUpstream)
-			if modify != nil {
-				return modify(resp)
-			}
-			return nil
-		},
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			once.Do(endUpstream)
-			if r.Context().Err() != nil {
-				return // the client went away
-			}
-			g.log.Warn("forwarding failed", "request.id", reqID, "to", target.Host, "err", err)
-			if id, _, ok := api.DataPlaneTarget(r); ok {
-				api.ProxyError(w, reqID, id, http.StatusBadGateway, "The sandbox is not reachable: its host does not answer")
-				return
-			}
-			api.WriteError(w, reqID, http.StatusBadGateway, "the sandbox's host does not answer; retry later")
-		},
-	}
-	_ = http.NewResponseController(w).EnableFullDuplex()
-	rp.ServeHTTP(w, r)
-}
-
 // toRegion forwards a request once to a gateway of another region.
 func (g *Gateway) toRegion(w http.ResponseWriter, r *http.Request, regionID int) {
 	reqID := r.Header.Get("X-Request-Id")
@@ -367,8 +286,13 @@ func (g *Gateway) toRegion(w http.ResponseWriter, r *http.Request, regionID int)
 		return
 	}
 	r.Header.Set(headerForwarded, v.Region.Name)
+	h, err := toGateway(reg.GatewayURL)
+	if err != nil {
+		api.Fail(g.log, w, r, err)
+		return
+	}
 	timing.Since(r.Context(), "route", time.Now())
-	g.forward(w, r, hop{base: reg.GatewayURL}, nil)
+	g.forward(w, r, h, nil)
 }
 
 // anyHost forwards a request any host of the region can answer (the

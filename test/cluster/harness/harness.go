@@ -65,6 +65,7 @@ type Cluster struct {
 	PG       *pgtest.Server
 	Hosts    []*Host
 	Gateways map[string]*Proc // by region
+	extra    []*Proc          // AddGateway's
 	Key      string           // an API key of team "test"
 	Team     string
 	S3       *chunkstoretest.S3Server // the hosts' store, with Options.S3
@@ -140,7 +141,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	b := make([]byte, 2)
 	_, _ = rand.Read(b)
 	c = &Cluster{opts: o, tag: "cft" + hex.EncodeToString(b), Gateways: map[string]*Proc{}, Team: "test"}
-	c.subnet = fmt.Sprintf("10.77.%d", 1+int(b[0])%250)
+	c.subnet = freeSubnet(int(b[0]))
 	c.bridge = c.tag + "b"
 	defer func() {
 		if err != nil {
@@ -232,6 +233,27 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		}
 	}
 	return c, nil
+}
+
+// freeSubnet picks a 10.77.N subnet no interface has (other clusters on
+// the machine, say another test run's), starting from a random N.
+func freeSubnet(start int) string {
+	used := map[string]bool{}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok {
+				if ip := ipn.IP.To4(); ip != nil && ip[0] == 10 && ip[1] == 77 {
+					used[fmt.Sprintf("10.77.%d", ip[2])] = true
+				}
+			}
+		}
+	}
+	for i := range 250 {
+		if s := fmt.Sprintf("10.77.%d", 1+(start+i)%250); !used[s] {
+			return s
+		}
+	}
+	return fmt.Sprintf("10.77.%d", 1+start%250)
 }
 
 func (c *Cluster) network() error {
@@ -413,6 +435,47 @@ func (c *Cluster) AdminOut(ctx context.Context, args ...string) (string, error) 
 // URL is a region's gateway URL.
 func (c *Cluster) URL(region string) string { return "http://" + c.Gateways[region].Addr }
 
+// GatewayOptions shape a gateway AddGateway starts.
+type GatewayOptions struct {
+	Bin   string   // the cellfork binary (default: the cluster's)
+	Env   []string // added to its environment
+	Quiet bool     // without -v (every request logged)
+}
+
+// AddGateway starts another gateway of region beside its first, with the
+// same flags but for o: benchmarks compare two builds or settings with
+// it. Close stops it with the rest.
+func (c *Cluster) AddGateway(region string, o GatewayOptions) (*Proc, error) {
+	first, ok := c.Gateways[region]
+	if !ok {
+		return nil, fmt.Errorf("no gateway of region %s", region)
+	}
+	n := len(c.extra) + 1
+	addr := net.JoinHostPort(c.subnet+".1", strconv.Itoa(freePort()))
+	g := &Proc{Name: fmt.Sprintf("gateway-%s-%d", region, n), Addr: addr, env: append(append([]string(nil), first.env...), o.Env...),
+		log: &logBuffer{out: c.opts.Log}}
+	for i := 0; i < len(first.args); i++ {
+		switch a := first.args[i]; {
+		case i == 0 && o.Bin != "":
+			g.args = append(g.args, o.Bin)
+		case a == "-v" && o.Quiet:
+		case a == "--addr":
+			g.args = append(g.args, a, addr)
+			i++
+		case a == "--state-dir":
+			g.args = append(g.args, a, filepath.Join(c.opts.Dir, fmt.Sprintf("gw-%s-%d", region, n)))
+			i++
+		default:
+			g.args = append(g.args, a)
+		}
+	}
+	c.extra = append(c.extra, g)
+	if err := g.Start(); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
 // waitHosts waits until region's gateway sees its hosts.
 func (c *Cluster) waitHosts(ctx context.Context, region string) error {
 	want := 0
@@ -437,6 +500,9 @@ func (c *Cluster) waitHosts(ctx context.Context, region string) error {
 // the network.
 func (c *Cluster) Close() {
 	for _, g := range c.Gateways {
+		g.Signal(syscall.SIGTERM)
+	}
+	for _, g := range c.extra {
 		g.Signal(syscall.SIGTERM)
 	}
 	for _, h := range c.Hosts {
