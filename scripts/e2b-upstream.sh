@@ -11,7 +11,11 @@
 # (/var/lib/cellfork/templates), OUT (results; a new /tmp directory),
 # PYTHON_SDK (what pip installs as the SDK; default the checkout's
 # packages/python-sdk, e.g. e2b==2.63.0), PYTHON_TESTS (pytest arguments
-# instead of the default selection).
+# instead of the default selection), JS_TESTS (vitest filters instead of
+# tests/sandbox tests/api tests/envd; "none" runs only tests/template),
+# DOCKER_HUB_STANDIN (set: the daemon pulls Docker Hub images from a local
+# registry holding busybox as ubuntu:22.04, for the template tests that
+# pull ubuntu:22.04; they are counted apart either way).
 #
 # The E2B source is a work tree of https://github.com/e2b-dev/E2B or a bare
 # git directory (its HEAD is exported). Run as root after `make build`.
@@ -24,12 +28,14 @@
 #     in for by a resolver hook in the test processes (*.cellfork.test ->
 #     127.0.0.1), which also trust the certificate.
 #  2. python: the SDK from the checkout (packages/python-sdk) in a venv with
-#     its test dependencies; runs tests/{sync,async}/{sandbox,api}_* and
-#     tests/shared/git serially (no xdist), with E2B_API_URL and
+#     its test dependencies; runs tests/{sync,async}/{sandbox,api}_*,
+#     tests/shared/git and the template tests (tests/{sync,async}/template_*,
+#     tests/shared/template) serially (no xdist), with E2B_API_URL and
 #     E2B_SANDBOX_URL set to the daemon.
 #  3. js: the SDK source from the checkout (packages/js-sdk, imported by
 #     its tests as ../src) with its runtime dependencies and vitest, msw,
-#     dotenv; runs tests/sandbox, tests/api and tests/envd one file at a
+#     dotenv; runs tests/sandbox, tests/api and tests/envd, then
+#     tests/template (the SDK's template project settings), one file at a
 #     time.
 #  4. Tests that mock the API (they assert what the SDK does with no
 #     E2B_API_URL/E2B_SANDBOX_URL) are run again without those variables;
@@ -73,8 +79,18 @@ step "a fresh daemon on 127.0.0.1:$PORT, --domain $DOMAIN:$TLS_PORT, TLS front o
 key="e2b_$(head -c 20 /dev/urandom | od -An -tx1 | tr -d ' \n')" # the format SDK 2.45 insists on
 openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=$DOMAIN" \
   -addext "subjectAltName=DNS:$DOMAIN,DNS:*.$DOMAIN" -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+serve_flags=()
+if [ -n "${DOCKER_HUB_STANDIN:-}" ]; then
+  # Docker Hub stood in for: a local registry (tests/conformance/_registry.py)
+  # with a busybox image as library/ubuntu:22.04, as --registry-mirror.
+  step "Docker Hub stood in for: busybox as ubuntu:22.04 in a local registry"
+  coproc standin { exec .venv/bin/python tests/conformance/_registry.py --push library/ubuntu:22.04; }
+  read -r standin_host <&"${standin[0]}"
+  standin_host=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["host"])' "$standin_host")
+  serve_flags+=(--registry-mirror "docker.io=$standin_host")
+fi
 CELLFORK_API_KEY=$key bin/cellfork serve --addr "127.0.0.1:$PORT" --data-dir "$work/data" \
-  --template-dir "$TEMPLATE_DIR" --domain "$DOMAIN:$TLS_PORT" > "$OUT/daemon.log" 2>&1 &
+  --template-dir "$TEMPLATE_DIR" --domain "$DOMAIN:$TLS_PORT" "${serve_flags[@]}" > "$OUT/daemon.log" 2>&1 &
 daemon=$!
 python3 "$harness/tls_front.py" --listen "127.0.0.1:$TLS_PORT" --to "127.0.0.1:$PORT" \
   --cert "$work/cert.pem" --key "$work/key.pem" > "$OUT/tls-front.log" 2>&1 &
@@ -89,6 +105,8 @@ cleanup() {
     wait "$daemon" 2>/dev/null || true
   fi
   kill -TERM "$front" 2>/dev/null || true
+  # End of its stdin stops the stand-in registry and removes its files.
+  if [ -n "${standin_PID:-}" ]; then eval "exec ${standin[1]}>&-"; wait "$standin_PID" 2>/dev/null || true; fi
   for _ in 1 2 3; do umount "$work/data/runsc/null-netns" 2>/dev/null || true; done
   rm -rf "$work/data"
 }
@@ -106,9 +124,11 @@ if [ "$suites" = all ] || [ "$suites" = python ]; then
   "$work/venv/bin/pip" install -q --upgrade pip
   "$work/venv/bin/pip" install -q "${PYTHON_SDK:-$work/packages/python-sdk}" pytest==9.2.0 pytest-xdist==3.8.0 \
     pytest-asyncio==1.5.0 pytest-timeout==2.4.0 python-dotenv==1.1.1 pytest-dotenv==0.5.2
-  # Everything else in python-sdk/tests is offline unit tests or template
-  # builds (E2B's cloud).
-  selection=(tests/sync/sandbox_sync tests/async/sandbox_async tests/sync/api_sync tests/async/api_async tests/shared/git)
+  # The template suites mix builds against the daemon with tests that
+  # mock the API or need no server; everything else in python-sdk/tests
+  # is offline unit tests of the SDK, or volumes and secrets (mocked).
+  selection=(tests/sync/sandbox_sync tests/async/sandbox_async tests/sync/api_sync tests/async/api_async tests/shared/git
+    tests/sync/template_sync tests/async/template_async tests/shared/template)
   if [ -n "${PYTHON_TESTS:-}" ]; then read -ra selection <<< "$PYTHON_TESTS"; fi
   step "python-sdk: ${selection[*]} (serially)"
   (cd "$work/packages/python-sdk" && PYTHONPATH="$harness" "$work/venv/bin/pytest" -p wildcard_dns -p no:cacheprovider -q -n 0 \
@@ -118,9 +138,11 @@ if [ "$suites" = all ] || [ "$suites" = python ]; then
   # changes; run again without the variables.
   mocked=(tests/sync/sandbox_sync/test_config_propagation.py::test_connect_sets_stable_host_routing_headers
     tests/async/sandbox_async/test_config_propagation.py::test_connect_sets_stable_host_routing_headers)
-  (cd "$work/packages/python-sdk" && env -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_API_KEY \
-    "$work/venv/bin/pytest" -p no:cacheprovider -q -n 0 --junitxml "$OUT/python-mocked.xml" "${mocked[@]}" \
-    > "$OUT/python-mocked.log" 2>&1) || true
+  if [ -z "${PYTHON_TESTS:-}" ]; then
+    (cd "$work/packages/python-sdk" && env -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_API_KEY \
+      "$work/venv/bin/pytest" -p no:cacheprovider -q -n 0 --junitxml "$OUT/python-mocked.xml" "${mocked[@]}" \
+      > "$OUT/python-mocked.log" 2>&1) || true
+  fi
   python3 "$harness/summarize.py" python "$harness/exclusions.txt" "$OUT/python.xml" "$OUT/python-mocked.xml" | tee -a "$OUT/summary.txt"
 fi
 
@@ -143,13 +165,34 @@ if [ "$suites" = all ] || [ "$suites" = js ]; then
   cp "$harness/vitest.config.mts" "$js/vitest.upstream.config.mts"
   mocked_js=(tests/api/validateApiKey.test.ts tests/sandbox/egressProxy.test.ts tests/sandbox/iam.test.ts
     tests/sandbox/lifecycleRequest.test.ts tests/sandbox/networkTransform.test.ts tests/sandbox/urls.test.ts)
-  step "js-sdk: tests/sandbox tests/api tests/envd (one file at a time)"
+  read -ra js_tests <<< "${JS_TESTS:-tests/sandbox tests/api tests/envd}"
+  if [ "${js_tests[*]}" != none ]; then
+    step "js-sdk: ${js_tests[*]} (one file at a time)"
+    (cd "$js" && NODE_OPTIONS="--require $harness/wildcard-dns.cjs" node_modules/.bin/vitest run \
+      --config vitest.upstream.config.mts --reporter=junit --outputFile "$OUT/js.xml" \
+      "${js_tests[@]}" > "$OUT/js.log" 2>&1) || true
+  fi
+  # The template tests: the SDK's `template` project (180 s a test).
+  cp "$harness/vitest.template.config.mts" "$js/vitest.template.config.mts"
+  step "js-sdk: tests/template (one file at a time)"
   (cd "$js" && NODE_OPTIONS="--require $harness/wildcard-dns.cjs" node_modules/.bin/vitest run \
-    --config vitest.upstream.config.mts --reporter=junit --outputFile "$OUT/js.xml" \
-    tests/sandbox tests/api tests/envd > "$OUT/js.log" 2>&1) || true
-  (cd "$js" && env -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_API_KEY node_modules/.bin/vitest run \
-    --config vitest.upstream.config.mts --reporter=junit --outputFile "$OUT/js-mocked.xml" \
-    "${mocked_js[@]}" > "$OUT/js-mocked.log" 2>&1) || true
-  python3 "$harness/summarize.py" js "$harness/exclusions.txt" "$OUT/js.xml" "$OUT/js-mocked.xml" | tee -a "$OUT/summary.txt"
+    --config vitest.template.config.mts --reporter=junit --outputFile "$OUT/js-template.xml" \
+    tests/template > "$OUT/js-template.log" 2>&1) || true
+  # Mocked tests (msw answers for https://api.e2b.app, the SDK's default)
+  # run again without the URLs; tags.test.ts only its mocked half. The
+  # template ones want an API key (any; msw answers), as in E2B's CI.
+  if [ "${js_tests[*]}" != none ]; then
+    (cd "$js" && env -u E2B_API_URL -u E2B_SANDBOX_URL -u E2B_API_KEY node_modules/.bin/vitest run \
+      --config vitest.upstream.config.mts --reporter=junit --outputFile "$OUT/js-mocked.xml" \
+      "${mocked_js[@]}" > "$OUT/js-mocked.log" 2>&1) || true
+  fi
+  (cd "$js" && env -u E2B_API_URL -u E2B_SANDBOX_URL node_modules/.bin/vitest run \
+    --config vitest.template.config.mts --reporter=junit --outputFile "$OUT/js-template-mocked.xml" \
+    tests/template/boundOpts.test.ts tests/template/stacktrace.test.ts > "$OUT/js-template-mocked.log" 2>&1) || true
+  (cd "$js" && env -u E2B_API_URL -u E2B_SANDBOX_URL node_modules/.bin/vitest run \
+    --config vitest.template.config.mts --reporter=junit --outputFile "$OUT/js-template-mocked-tags.xml" \
+    tests/template/tags.test.ts -t 'Template tags unit tests' > "$OUT/js-template-mocked-tags.log" 2>&1) || true
+  python3 "$harness/summarize.py" js "$harness/exclusions.txt" "$OUT/js.xml" "$OUT/js-template.xml" \
+    "$OUT/js-mocked.xml" "$OUT/js-template-mocked.xml" "$OUT/js-template-mocked-tags.xml" | tee -a "$OUT/summary.txt"
 fi
 echo "results: $OUT (summary.txt, *.xml, *.log)"

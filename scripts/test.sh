@@ -54,7 +54,9 @@ status=0
 .venv/bin/pytest -q -p no:cacheprovider --ignore=tests/fuzz sdk/python/tests tests || status=$?
 
 step "JS conformance suite (the official e2b npm package) against the test daemon"
-(cd tests/conformance-js && npm test --silent) || status=$?
+# The template tests look on the daemon's disk for what a failed build
+# might leave (half-made layers, mounts).
+(cd tests/conformance-js && CELLFORK_DATA_DIR="$TEST_TMP/data" npm test --silent) || status=$?
 
 step "fuzz the API from its OpenAPI description (schemathesis)"
 # Hypothesis keeps caches; they go with the test data, not into the tree.

@@ -311,6 +311,7 @@ func (s *Service) Create(req CreateRequest) (*Template, *Build, error) {
 		t.MemoryMB = req.MemoryMB
 	}
 	t.UpdatedAt = now
+	supersedeWaitingLocked(t, tags, now)
 	b := &Build{ID: uuid.NewString(), Status: StatusWaiting, CreatedAt: now, UpdatedAt: now,
 		CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskMB: t.DiskMB, Tags: tags}
 	t.Builds = append(t.Builds, b)
@@ -318,6 +319,20 @@ func (s *Service) Create(req CreateRequest) (*Template, *Build, error) {
 		return nil, nil, err
 	}
 	return cloneTemplate(t), cloneBuild(b), nil
+}
+
+// supersedeWaitingLocked fails t's builds that were created but never
+// started (a client that gave up between E2B's POST /v3/templates and the
+// build's start: a COPY of files that do not exist, a killed process)
+// and would get one of tags, as E2B does when a newer build is asked for.
+func supersedeWaitingLocked(t *Template, tags []string, now time.Time) {
+	for _, b := range t.Builds {
+		if b.Status != StatusWaiting || !slices.ContainsFunc(b.Tags, func(tag string) bool { return slices.Contains(tags, tag) }) {
+			continue
+		}
+		b.Status, b.UpdatedAt, b.FinishedAt = StatusError, now, &now
+		b.Reason = &Reason{Message: "The build was canceled because it was superseded by a newer one."}
+	}
 }
 
 func cloneBuild(b *Build) *Build {

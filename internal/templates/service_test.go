@@ -248,6 +248,33 @@ func TestBuildErrors(t *testing.T) {
 	}
 }
 
+// A build that was asked for and never started (the client gave up
+// before starting it) is failed by the next request for one of its tags,
+// as E2B does; other tags' waiting builds stay startable.
+func TestNewBuildSupersedesUnstarted(t *testing.T) {
+	s, _, _ := newService(t, t.TempDir(), nil)
+	_, abandoned, _ := s.Create(CreateRequest{Name: "app"})
+	_, other, _ := s.Create(CreateRequest{Name: "app:v2"})
+	tp, b, info := buildOnce(t, s, "app", "echo")
+	if info.Build.Status != StatusReady {
+		t.Fatalf("the new build: %+v", info.Build)
+	}
+	old, err := s.BuildStatus(tp.ID, abandoned.ID, 0, 0, "")
+	if err != nil || old.Build.Status != StatusError || old.Build.Reason == nil ||
+		old.Build.Reason.Message != "The build was canceled because it was superseded by a newer one." || old.Build.FinishedAt == nil {
+		t.Errorf("the abandoned build: %+v, %v", old, err)
+	}
+	if err := s.StartBuild(tp.ID, abandoned.ID, build.Spec{FromImage: "x"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("starting a superseded build: %v", err)
+	}
+	if v2, _ := s.BuildStatus(tp.ID, other.ID, 0, 0, ""); v2.Build.Status != StatusWaiting {
+		t.Errorf("a waiting build of another tag became %s", v2.Build.Status)
+	}
+	if cur, _ := s.BuildStatus(tp.ID, b.ID, 0, 0, ""); cur.Build.Status != StatusReady {
+		t.Errorf("the new build became %s", cur.Build.Status)
+	}
+}
+
 func TestQueueAndTimeout(t *testing.T) {
 	s, _, _ := newService(t, t.TempDir(), func(c *Config) { c.Queue = 1; c.Timeout = 300 * time.Millisecond })
 	var ids [3][2]string

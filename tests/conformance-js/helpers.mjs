@@ -23,11 +23,12 @@ export const RUN_TAG = { 'cellfork-conformance-js': randomUUID().slice(0, 12) }
 
 const made = []
 
-// sandbox creates a sandbox (killed after the file's tests); opts go to
-// Sandbox.create.
-export async function sandbox(opts = {}) {
+// sandbox creates a sandbox (killed after the file's tests) of template
+// (the default one without); opts go to Sandbox.create.
+export async function sandbox(opts = {}, template) {
   env()
-  const sbx = await Sandbox.create({ timeoutMs: 180_000, ...opts, metadata: { ...RUN_TAG, ...opts.metadata } })
+  const o = { timeoutMs: 180_000, ...opts, metadata: { ...RUN_TAG, ...opts.metadata } }
+  const sbx = await (template ? Sandbox.create(template, o) : Sandbox.create(o))
   made.push(sbx)
   return sbx
 }

@@ -1,7 +1,15 @@
 """A real container registry for the template tests: the CNCF distribution
 registry (scripts/setup.sh builds it) on a local port, and small images
 pushed to it over the registry API: static busybox with its applets, a
-user database, and files. Nothing reaches Docker Hub."""
+user database, and files. Nothing reaches Docker Hub.
+
+Run as a program, it serves the JS conformance suite and
+scripts/e2b-upstream.sh: it starts a registry, pushes each ``--push
+REPO:TAG``, prints ``{"host": ...}`` as a line, then reads requests as
+JSON lines from stdin and answers each with a line: ``{"push": REPO,
+"tag": TAG, "files": {path: text}}`` -> ``{"ref": ...}``; ``{"stop":
+true}`` -> ``{"stopped": true}`` (the registry is down, the program waits
+on). End of stdin stops it and removes its files."""
 
 from __future__ import annotations
 
@@ -10,10 +18,12 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import tarfile
 import tempfile
+import sys
 import time
 from typing import Dict, Optional
 
@@ -55,9 +65,15 @@ class Registry:
             time.sleep(0.1)
 
     def stop(self) -> None:
+        """Stop the registry (its address then refuses connections)."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+    def remove(self) -> None:
+        """Stop the registry and remove its files."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def push(self, repo: str, tag: str, files: Optional[Dict[str, str]] = None, env: Optional[list] = None) -> str:
         """Push a busybox image with ``files`` (path -> text) as REPO:TAG and
@@ -127,3 +143,37 @@ def busybox_layer(files: Dict[str, str]) -> tuple:
             add_file(path, text.encode())
     data = raw.getvalue()
     return gzip.compress(data, mtime=0), "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def main(argv) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--push", action="append", default=[], metavar="REPO:TAG", help="push a busybox image at start")
+    args = ap.parse_args(argv)
+    reg = Registry()
+    try:
+        for ref in args.push:
+            repo, _, tag = ref.rpartition(":")
+            reg.push(repo, tag)
+        print(json.dumps({"host": reg.host}), flush=True)
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            try:
+                req = json.loads(line)
+                if req.get("stop"):
+                    reg.stop()
+                    answer = {"stopped": True}
+                else:
+                    answer = {"ref": reg.push(req["push"], req["tag"], files=req.get("files"))}
+            except Exception as e:  # noqa: BLE001 - the caller sees every failure as an answer
+                answer = {"error": f"{type(e).__name__}: {e}"}
+            print(json.dumps(answer), flush=True)
+    finally:
+        reg.remove()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -37,7 +37,7 @@ def registry():
     try:
         yield reg
     finally:
-        reg.stop()
+        reg.remove()
 
 
 @pytest.fixture
@@ -170,7 +170,7 @@ def test_build_errors_name_the_step(name, registry):
     # A registry that is down.
     down = Registry()
     ref_down = down.push("cellfork/busybox", "1")
-    down.stop()
+    down.remove()
     with pytest.raises(BuildException) as err:
         Template.build(Template().from_image(ref_down), name)
     assert "unreachable" in str(err.value)
