@@ -365,7 +365,11 @@ func evacuate(ctx context.Context, db *clusterdb.DB, slot int, running bool, out
 		return fmt.Errorf("host %d is active: cordon or drain it first (it would take new sandboxes)", slot)
 	}
 	if running && (from.State == "lost" || !from.LeaseUntil.After(time.Now())) {
-		return fmt.Errorf("host %d is %s: its running sandboxes cannot be checkpointed (its paused ones move without --running)", slot, from.State)
+		state := from.State
+		if state != "lost" {
+			state += " and not heartbeating"
+		}
+		return fmt.Errorf("host %d is %s: its running sandboxes cannot be checkpointed (its paused ones move without --running)", slot, state)
 	}
 	sbs, err := db.HostSandboxes(ctx, slot)
 	if err != nil {
