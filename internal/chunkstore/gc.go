@@ -28,6 +28,7 @@ type GCStats struct {
 	LiveManifests    int // kept: live, or younger than the grace period
 	MissingLive      int // live roots the store does not hold
 	DeletedManifests int
+	Dropped          []string // the roots of the manifests it deleted
 	Chunks           int // in the store when it started
 	DeletedChunks    int
 	BytesFreed       int64 // chunks' and manifests' bytes
@@ -179,6 +180,9 @@ func (s *Store) GC(ctx context.Context, roots Roots, grace time.Duration) (st GC
 	}
 	err = sweep(drop, func(Object) bool { return false })
 	st.DeletedManifests = int(deleted.Load())
+	for _, o := range drop {
+		st.Dropped = append(st.Dropped, strings.TrimPrefix(o.Key, "manifests/"))
+	}
 	st.BytesFreed = freed.Load()
 	if err != nil {
 		return st, err

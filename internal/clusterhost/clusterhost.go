@@ -68,6 +68,13 @@ type Member struct {
 	snaps map[string]bool // snapshot ids to sync; guarded by mu
 	kick  chan struct{}
 
+	// syncing serializes row writes (syncSandbox, syncSnapshot; held by
+	// the one that writes, a semaphore a waiter can give up on): each reads
+	// the local record and writes its row, so two at once for one id (the
+	// sync loop's and an operation's) could write the older read last, a
+	// row losing the image root it had just gained.
+	syncing chan struct{}
+
 	local sandbox.Store // the host's own store (the journal)
 	host  Host          // set by Start
 	// healthy: the last sync reached the database, so changes are synced
@@ -98,7 +105,8 @@ func Join(ctx context.Context, cfg Config, log *slog.Logger) (*Member, error) {
 	if cfg.TTL == 0 {
 		cfg.TTL = 6 * time.Second
 	}
-	m := &Member{cfg: cfg, log: log, dirty: map[string]bool{}, snaps: map[string]bool{}, kick: make(chan struct{}, 1)}
+	m := &Member{cfg: cfg, log: log, dirty: map[string]bool{}, snaps: map[string]bool{}, kick: make(chan struct{}, 1),
+		syncing: make(chan struct{}, 1)}
 	saved, haveSaved := loadState(cfg.DataDir)
 	m.st = saved
 	if m.st.Name == "" {

@@ -85,14 +85,41 @@ func (m *Member) flush(ctx context.Context) error {
 	return firstErr
 }
 
+// lockSync takes the right to write rows, or gives up when ctx is done.
+func (m *Member) lockSync(ctx context.Context) (unlock func(), err error) {
+	select {
+	case m.syncing <- struct{}{}:
+		return func() { <-m.syncing }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 func (m *Member) syncSandbox(ctx context.Context, id string) error {
+	unlock, err := m.lockSync(ctx)
+	if err != nil {
+		return err
+	}
+	drop, err := m.writeSandboxRow(ctx, id)
+	unlock()
+	if drop != "" {
+		// Dropping it syncs it again: not while holding the right.
+		m.host.Drop(ctx, id, drop)
+	}
+	return err
+}
+
+// writeSandboxRow writes sandbox id's row from its local record; drop
+// says why this host must drop its copy ("": it need not). Caller holds
+// the right to write rows (lockSync).
+func (m *Member) writeSandboxRow(ctx context.Context, id string) (drop string, err error) {
 	slot := m.Slot()
 	rec, err := m.local.Get(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return m.db.Forget(ctx, id, slot)
+		return "", m.db.Forget(ctx, id, slot)
 	}
 	if err != nil {
-		return err
+		return "", err
 	}
 	row := clusterdb.Sandbox{ID: rec.ID, Team: rec.Team, Region: m.region(), HostSlot: slot, State: string(rec.State),
 		MemoryMB: rec.MemoryMB, TemplateID: rec.TemplateID, StartedAt: rec.StartedAt, EndAt: rec.EndAt,
@@ -101,21 +128,18 @@ func (m *Member) syncSandbox(ctx context.Context, id string) error {
 		row.StoreRoot = rec.PausedRoot
 	}
 	if row.Record, err = store.EncodeSandbox(rec); err != nil {
-		return err
+		return "", err
 	}
 	switch err := m.db.Sync(ctx, row); {
 	case errors.Is(err, clusterdb.ErrStale):
 		// Another host runs it now: this copy must never answer again.
-		m.host.Drop(ctx, id, "it moved to another host")
-		return nil
+		return "it moved to another host", nil
 	case errors.Is(err, clusterdb.ErrTeamLimit):
-		m.host.Drop(ctx, id, "its team is at its limit of running sandboxes")
-		return nil
+		return "its team is at its limit of running sandboxes", nil
 	case errors.Is(err, clusterdb.ErrNoTeam):
-		m.host.Drop(ctx, id, "its team does not exist")
-		return nil
+		return "its team does not exist", nil
 	default:
-		return err
+		return "", err
 	}
 }
 
@@ -126,6 +150,11 @@ func (m *Member) region() int {
 }
 
 func (m *Member) syncSnapshot(ctx context.Context, id string) error {
+	unlock, err := m.lockSync(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	sn, err := m.local.GetSnapshot(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return m.db.ForgetSnapshot(ctx, id)

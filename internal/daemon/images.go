@@ -112,6 +112,7 @@ func (c chunkImages) Delete(ctx context.Context, root string) error {
 	if err != nil {
 		return nil // names nothing the store could hold
 	}
+	c.log.Debug("deleting a manifest", "root", root)
 	return c.s.DeleteManifest(ctx, h)
 }
 
@@ -127,6 +128,9 @@ func (c chunkImages) GC(ctx context.Context, live []string, grace time.Duration)
 		return 0, err
 	}
 	c.log.Debug("chunk store collected", "deleted_manifests", st.DeletedManifests, "deleted_chunks", st.DeletedChunks, "freed_bytes", st.BytesFreed)
+	if len(st.Dropped) > 0 {
+		c.log.Info("chunk store collection deleted manifests no snapshot or paused sandbox names", "roots", st.Dropped, "live", len(live))
+	}
 	return st.BytesFreed, nil
 }
 

@@ -485,6 +485,7 @@ func testStoreCollects(t *testing.T) {
 		t.Fatalf("pause: %d %s", r.status, r.body)
 	}
 	pausedInStore(t, sb.ID)
+	rowsIntact(t) // the snapshot's and the paused sandbox's images, through collections
 	m0, c0, b0 := storeUse(t)
 
 	// The paused sandbox's row keeps its image whole.
