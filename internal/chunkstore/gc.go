@@ -29,7 +29,7 @@ type GCStats struct {
 	MissingLive      int // live roots the store does not hold
 	DeletedManifests int
 	Dropped          []string // the roots of the manifests it deleted
-	Chunks           int // in the store when it started
+	Chunks           int      // in the store when it started
 	DeletedChunks    int
 	BytesFreed       int64 // chunks' and manifests' bytes
 	Duration         time.Duration
