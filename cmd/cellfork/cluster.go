@@ -364,7 +364,7 @@ func evacuate(ctx context.Context, db *clusterdb.DB, slot int, running bool, out
 	if from.State == "active" {
 		return fmt.Errorf("host %d is active: cordon or drain it first (it would take new sandboxes)", slot)
 	}
-	if running && (from.State == "lost" || !from.LeaseUntil.After(time.Now())) {
+	if running && (from.State == "lost" || from.Silent()) {
 		state := from.State
 		if state != "lost" {
 			state += " and not heartbeating"

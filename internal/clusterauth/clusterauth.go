@@ -102,16 +102,26 @@ func Strip(h http.Header) {
 // MaxAnswer bounds the body Call reads.
 const MaxAnswer = 1 << 20
 
-// Call sends a call signed with key for team (a create's id is not
-// minted this way) to url through rt, and returns the answer's status and
-// body (at most MaxAnswer bytes).
-func Call(ctx context.Context, rt http.RoundTripper, key []byte, team, method, url string, body []byte) (int, []byte, error) {
+// NewRequest makes a call to a host with a JSON body, signed with key for
+// team (and mint, the id a create takes; "" for any other call).
+func NewRequest(ctx context.Context, key []byte, team, mint, method, url string, body []byte) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	Sign(req, key, team, mint, time.Now())
+	return req, nil
+}
+
+// Call sends a call signed with key for team (NewRequest, no id minted)
+// to url through rt, and returns the answer's status and body (at most
+// MaxAnswer bytes).
+func Call(ctx context.Context, rt http.RoundTripper, key []byte, team, method, url string, body []byte) (int, []byte, error) {
+	req, err := NewRequest(ctx, key, team, "", method, url, body)
 	if err != nil {
 		return 0, nil, err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	Sign(req, key, team, "", time.Now())
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
 		return 0, nil, err

@@ -83,6 +83,10 @@ func (db *DB) Heartbeat(ctx context.Context, h Host, ttl time.Duration) error {
 const hostColumns = `slot, name, region, addr, state, epoch, heartbeat_at, lease_until, cpus, mem_total_mb, mem_alloc_mb,
 	disk_free_mb, start_queue, versions, cpu_features, capacity, updated_at`
 
+// Silent reports whether h's lease ran out (it may not be declared lost
+// yet): its rows may lag what it did.
+func (h Host) Silent() bool { return !h.LeaseUntil.After(time.Now()) }
+
 func scanHost(r pgx.CollectableRow) (Host, error) {
 	var h Host
 	var versions, capacity []byte

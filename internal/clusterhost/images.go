@@ -77,7 +77,7 @@ func (m *Member) StoreRoots(ctx context.Context, every time.Duration) ([]string,
 		return nil, false, err
 	}
 	for _, h := range hosts {
-		if h.State != "lost" && !h.LeaseUntil.After(time.Now()) {
+		if h.State != "lost" && h.Silent() {
 			m.log.Info("chunk store collection waits: a host is silent", "slot", h.Slot)
 			return nil, false, nil
 		}

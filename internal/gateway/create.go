@@ -307,12 +307,10 @@ func errTeam(c caller, max int) error {
 // (transport error, 5xx): then it answers nothing. created says whether
 // the host made the sandbox (a 4xx answers the client and makes none).
 func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.Host, team, id string, body []byte) (answered, created bool) {
-	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, "http://"+h.Addr+r.URL.Path, bytes.NewReader(body))
+	out, err := clusterauth.NewRequest(r.Context(), g.secrets.Load().Internal, team, id, http.MethodPost, "http://"+h.Addr+r.URL.Path, body)
 	if err != nil {
 		return false, false
 	}
-	out.Header.Set("Content-Type", "application/json")
-	clusterauth.Sign(out, g.secrets.Load().Internal, team, id, time.Now())
 	resp, err := g.hostCall(out)
 	if err != nil {
 		g.log.Warn("create failed on a host; trying another", "slot", h.Slot, "err", err)

@@ -23,12 +23,8 @@ func isResume(r *http.Request) bool {
 // away reports whether h cannot resume its paused sandboxes itself: lost,
 // not heartbeating, or draining (an operator empties it).
 func away(h clusterdb.Host) bool {
-	return h.State == "lost" || h.State == "draining" || silent(h)
+	return h.State == "lost" || h.State == "draining" || h.Silent()
 }
-
-// silent reports whether h's lease ran out (it may not be declared lost
-// yet).
-func silent(h clusterdb.Host) bool { return !h.LeaseUntil.After(time.Now()) }
 
 // resumeElsewhere moves a paused sandbox whose host is away to another
 // host of its region, when its image is in the chunk store: its row is
@@ -48,7 +44,7 @@ func (g *Gateway) resumeElsewhere(w http.ResponseWriter, r *http.Request, c call
 		return false
 	}
 	if row.StoreRoot == "" {
-		if from.State == "draining" && !silent(from) {
+		if from.State == "draining" && !from.Silent() {
 			return false // its host is up: it resumes the sandbox itself
 		}
 		// Its image had not reached the chunk store (an outage, or the

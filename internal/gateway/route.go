@@ -300,7 +300,7 @@ func (g *Gateway) toRegion(w http.ResponseWriter, r *http.Request, regionID int)
 func (g *Gateway) anyHost(w http.ResponseWriter, r *http.Request, c caller) {
 	v := g.view.Load()
 	for _, h := range v.Hosts {
-		if h.Region == v.Region.ID && h.State == "active" && !silent(h) {
+		if h.Region == v.Region.ID && h.State == "active" && !h.Silent() {
 			g.forward(w, r, toHost(h.Addr, c.team.ID, ""), nil)
 			return
 		}
@@ -356,7 +356,7 @@ func (g *Gateway) hosts(w http.ResponseWriter) {
 			region = reg.Name
 		}
 		state := h.State
-		if state == "active" && silent(h) {
+		if state == "active" && h.Silent() {
 			state = "unreachable"
 		}
 		out = append(out, map[string]any{"id": fmt.Sprintf("%d %s", h.Slot, h.Name), "slot": h.Slot, "region": region,
