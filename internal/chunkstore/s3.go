@@ -171,6 +171,12 @@ func s3Err(op, key string, err error) error {
 			return fmt.Errorf("%s %s: %s: %w", op, key, resp.Code, errdefs.ErrNotFound)
 		case resp.StatusCode == http.StatusForbidden || resp.StatusCode == http.StatusUnauthorized:
 			return fmt.Errorf("%s %s: %s: %w", op, key, resp.Message, errdefs.ErrPermissionDenied)
+		case resp.Code == "ExistingObjectIsDirectory":
+			// Our keys never name a directory: a server that keeps
+			// objects as files (versitygw's posix backend) says this
+			// when a delete removed the object's emptied parent
+			// directory while this put placed it there. Again works.
+			return fmt.Errorf("%s %s: %s %s: %w", op, key, resp.Code, resp.Message, errdefs.ErrUnavailable)
 		case resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests || resp.Code == "SlowDown" || resp.StatusCode == 0:
 			return fmt.Errorf("%s %s: %s %s: %w", op, key, resp.Code, resp.Message, errdefs.ErrUnavailable)
 		}
