@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -24,18 +25,20 @@ import (
 // Templates is the custom template store the API serves as E2B's template
 // API (internal/templates.Service).
 type Templates interface {
-	Create(templates.CreateRequest) (*templates.Template, *templates.Build, error)
-	FilePresent(idOrName, hash string) (bool, error)
-	PutFile(idOrName, hash string, r io.Reader) error
-	StartBuild(idOrName, buildID string, spec build.Spec) error
-	BuildStatus(idOrName, buildID string, offset, limit int, level string) (*templates.BuildInfo, error)
-	BuildLogs(idOrName, buildID string, cursor time.Time, limit int, forward bool, level string) ([]templates.LogEntry, error)
-	List() []*templates.Template
-	Get(idOrName string) (*templates.Template, error)
-	Update(idOrName string, public *bool) (*templates.Template, error)
-	Delete(idOrName string) error
-	AssignTags(target string, tags []string) (string, error)
-	RemoveTags(name string, tags []string) error
+	// Every call but Usage sees the templates of the team its context is
+	// scoped to (sandbox.WithTeam), or all of them on a single host.
+	Create(context.Context, templates.CreateRequest) (*templates.Template, *templates.Build, error)
+	FilePresent(ctx context.Context, idOrName, hash string) (bool, error)
+	PutFile(ctx context.Context, idOrName, hash string, r io.Reader) error
+	StartBuild(ctx context.Context, idOrName, buildID string, spec build.Spec) error
+	BuildStatus(ctx context.Context, idOrName, buildID string, offset, limit int, level string) (*templates.BuildInfo, error)
+	BuildLogs(ctx context.Context, idOrName, buildID string, cursor time.Time, limit int, forward bool, level string) ([]templates.LogEntry, error)
+	List(context.Context) []*templates.Template
+	Get(ctx context.Context, idOrName string) (*templates.Template, error)
+	Update(ctx context.Context, idOrName string, public *bool) (*templates.Template, error)
+	Delete(ctx context.Context, idOrName string) error
+	AssignTags(ctx context.Context, target string, tags []string) (string, error)
+	RemoveTags(ctx context.Context, name string, tags []string) error
 	Usage() (templates.Usage, error)
 }
 
@@ -138,7 +141,7 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	t, bd, err := ts.Create(req)
+	t, bd, err := ts.Create(r.Context(), req)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -170,7 +173,7 @@ func (s *Server) createTemplateV2(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	t, bd, err := ts.Create(req)
+	t, bd, err := ts.Create(r.Context(), req)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -232,7 +235,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		out = append(out, s.builtinJSON(name))
 	}
 	if s.cfg.Templates != nil {
-		for _, t := range s.cfg.Templates.List() {
+		for _, t := range s.cfg.Templates.List(r.Context()) {
 			out = append(out, templateJSON(t))
 		}
 	}
@@ -269,7 +272,7 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 	if ts == nil {
 		return
 	}
-	t, err := ts.Get(id)
+	t, err := ts.Get(r.Context(), id)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -304,7 +307,7 @@ func (s *Server) updateTemplate(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	t, err := ts.Update(r.PathValue("templateID"), b.Public)
+	t, err := ts.Update(r.Context(), r.PathValue("templateID"), b.Public)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -317,7 +320,7 @@ func (s *Server) updateTemplate(w http.ResponseWriter, r *http.Request) {
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("templateID")
 	if s.cfg.Templates != nil {
-		err := s.cfg.Templates.Delete(id)
+		err := s.cfg.Templates.Delete(r.Context(), id)
 		if err == nil {
 			w.WriteHeader(http.StatusNoContent)
 			return
@@ -353,7 +356,7 @@ func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request) {
 	if ts == nil {
 		return
 	}
-	t, err := ts.Get(alias)
+	t, err := ts.Get(r.Context(), alias)
 	if err == nil && !slices.Contains(t.Names, alias) { // an id is not an alias
 		err = errdefs.New(errdefs.ErrNotFound, "no template is named %q", alias)
 	}
@@ -428,7 +431,7 @@ func (s *Server) templateFileLink(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, hash := r.PathValue("templateID"), r.PathValue("hash")
-	present, err := ts.FilePresent(id, hash)
+	present, err := ts.FilePresent(r.Context(), id, hash)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -450,13 +453,18 @@ func (s *Server) uploadTemplateFile(w http.ResponseWriter, r *http.Request) {
 	if ts == nil {
 		return
 	}
+	// A signed link names the template it was issued for (to its team):
+	// it is found whoever sends it (a gateway passes such a PUT on for no
+	// team).
+	ctx := context.Background()
 	if !s.signedUpload(r) {
-		if _, msg := s.cfg.Auth.Control(r); msg != "" {
+		var msg string
+		if ctx, msg = s.cfg.Auth.Control(r); msg != "" {
 			writeError(w, requestID(w), http.StatusUnauthorized, "upload link missing, expired or not signed by this daemon: ask GET /templates/{templateID}/files/{hash} for a new one")
 			return
 		}
 	}
-	if err := ts.PutFile(r.PathValue("templateID"), r.PathValue("hash"), r.Body); err != nil {
+	if err := ts.PutFile(ctx, r.PathValue("templateID"), r.PathValue("hash"), r.Body); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -478,7 +486,7 @@ func (s *Server) startTemplateBuild(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if err := ts.StartBuild(r.PathValue("templateID"), r.PathValue("buildID"), b.Spec); err != nil {
+	if err := ts.StartBuild(r.Context(), r.PathValue("templateID"), r.PathValue("buildID"), b.Spec); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -540,7 +548,7 @@ func (s *Server) templateBuildStatus(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	info, err := ts.BuildStatus(r.PathValue("templateID"), r.PathValue("buildID"), offset, limit, level)
+	info, err := ts.BuildStatus(r.Context(), r.PathValue("templateID"), r.PathValue("buildID"), offset, limit, level)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -609,7 +617,7 @@ func (s *Server) templateBuildLogs(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	logs, err := ts.BuildLogs(r.PathValue("templateID"), r.PathValue("buildID"), cursor, limit, forward, level)
+	logs, err := ts.BuildLogs(r.Context(), r.PathValue("templateID"), r.PathValue("buildID"), cursor, limit, forward, level)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -638,7 +646,7 @@ func (s *Server) assignTemplateTags(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "target and tags are required"))
 		return
 	}
-	id, err := ts.AssignTags(*b.Target, b.Tags)
+	id, err := ts.AssignTags(r.Context(), *b.Target, b.Tags)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -663,7 +671,7 @@ func (s *Server) deleteTemplateTags(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.New(errdefs.ErrInvalidArgument, "name and tags are required"))
 		return
 	}
-	if err := ts.RemoveTags(*b.Name, b.Tags); err != nil {
+	if err := ts.RemoveTags(r.Context(), *b.Name, b.Tags); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -675,7 +683,7 @@ func (s *Server) templateTags(w http.ResponseWriter, r *http.Request) {
 	if ts == nil {
 		return
 	}
-	t, err := ts.Get(r.PathValue("templateID"))
+	t, err := ts.Get(r.Context(), r.PathValue("templateID"))
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/clusterdb/pgtest"
+	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/ids"
 )
 
@@ -378,5 +379,68 @@ func TestStoreRootsAndJobRounds(t *testing.T) {
 	}
 	if ok, _ := db.ClaimJob(ctx, "gc", 9, 0); !ok {
 		t.Error("the next round was not claimed once due")
+	}
+}
+
+// TestTemplateBuilds: a published build is found by id, name and
+// name:tag for its team only, the newest first; a sync moves tags, keeps
+// a build still being built and forgets the rest; its roots are live.
+func TestTemplateBuilds(t *testing.T) {
+	db := fresh(t)
+	ctx := context.Background()
+	put := func(build string, tags ...string) {
+		t.Helper()
+		err := db.PutTemplateBuild(ctx, TemplateBuild{BuildID: build, Team: "acme", TemplateID: "tpl1", Names: []string{"web"},
+			Tags: tags, Runtime: "r1", Roots: []string{"img-" + build, "layer-" + build}, Artifact: []byte(`{"buildID":"` + build + `"}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	find := func(team, name, tag string) string {
+		t.Helper()
+		b, err := db.FindTemplateBuild(ctx, team, name, tag)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return "none"
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.BuildID
+	}
+	put("b1", "default", "v1")
+	time.Sleep(5 * time.Millisecond)
+	put("b2", "default")
+	for _, c := range []struct{ team, name, tag, want string }{
+		{"acme", "web", "", "b2"}, {"acme", "tpl1", "", "b2"}, {"acme", "web", "v1", "b1"}, {"acme", "web", "default", "b2"},
+		{"other", "web", "", "none"}, {"acme", "web", "v9", "none"}, {"acme", "nope", "", "none"},
+	} {
+		if got := find(c.team, c.name, c.tag); got != c.want {
+			t.Errorf("find(%s, %s, %s) = %s, want %s", c.team, c.name, c.tag, got, c.want)
+		}
+	}
+	roots, _ := db.StoreRoots(ctx)
+	slices.Sort(roots)
+	if want := []string{"img-b1", "img-b2", "layer-b1", "layer-b2"}; !slices.Equal(roots, want) {
+		t.Errorf("roots %v, want %v", roots, want)
+	}
+	// b3 is being built (nil tags: left alone); v1 moves to b2; b1 goes.
+	put("b3", "default")
+	if err := db.SyncTemplate(ctx, "acme", "tpl1", []string{"web", "site"}, map[string][]string{"b2": {"default", "v1"}, "b3": nil}); err != nil {
+		t.Fatal(err)
+	}
+	if got := find("acme", "site", "v1"); got != "b2" {
+		t.Errorf("after sync, site:v1 = %s, want b2", got)
+	}
+	if got := find("acme", "web", ""); got != "b3" {
+		t.Errorf("after sync, web = %s, want b3 (kept while building)", got)
+	}
+	if err := db.SyncTemplate(ctx, "acme", "tpl1", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := find("acme", "tpl1", ""); got != "none" {
+		t.Errorf("a deleted template is still found: %s", got)
+	}
+	if roots, _ := db.StoreRoots(ctx); len(roots) != 0 {
+		t.Errorf("a deleted template's roots are live: %v", roots)
 	}
 }

@@ -12,7 +12,8 @@ import (
 // snapshots' images and paused sandboxes' (a collection keeps them).
 func (db *DB) StoreRoots(ctx context.Context) ([]string, error) {
 	rows, err := db.pool.Query(ctx, `SELECT store_root FROM sandboxes WHERE store_root <> ''
-		UNION SELECT store_root FROM snapshots WHERE store_root <> ''`)
+		UNION SELECT store_root FROM snapshots WHERE store_root <> ''
+		UNION SELECT unnest(roots) FROM template_builds`)
 	if err != nil {
 		return nil, unavailable(err)
 	}

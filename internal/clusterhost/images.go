@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/clusterdb"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/store"
@@ -88,4 +89,40 @@ func (m *Member) StoreRoots(ctx context.Context, every time.Duration) ([]string,
 	}
 	roots, err := m.db.StoreRoots(ctx)
 	return roots, err == nil, err
+}
+
+// PublishTemplate records a custom template build this host made, with
+// this host's runsc build (templates.Shared).
+func (m *Member) PublishTemplate(ctx context.Context, b clusterdb.TemplateBuild) error {
+	if m.db == nil {
+		return errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable; retry later")
+	}
+	b.Runtime = m.cfg.Runtime
+	return m.db.PutTemplateBuild(ctx, b)
+}
+
+// SyncTemplate records a template's names and its builds' tags
+// (clusterdb.SyncTemplate).
+func (m *Member) SyncTemplate(ctx context.Context, team, templateID string, names []string, builds map[string][]string) error {
+	if m.db == nil {
+		return errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable; retry later")
+	}
+	return m.db.SyncTemplate(ctx, team, templateID, names, builds)
+}
+
+// FindTemplate returns the published build of team's template name that
+// tag names (the newest with no tag): ErrFailedPrecondition when another
+// runsc build made its warm image.
+func (m *Member) FindTemplate(ctx context.Context, team, name, tag string) (clusterdb.TemplateBuild, error) {
+	if m.db == nil {
+		return clusterdb.TemplateBuild{}, errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable; retry later")
+	}
+	b, err := m.db.FindTemplateBuild(ctx, team, name, tag)
+	if err != nil {
+		return b, err
+	}
+	if b.Runtime != m.cfg.Runtime {
+		return b, errdefs.New(errdefs.ErrFailedPrecondition, "template %q was built by runtime build %q; this host runs %q", name, b.Runtime, m.cfg.Runtime)
+	}
+	return b, nil
 }

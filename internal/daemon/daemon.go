@@ -247,8 +247,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	}
 	defer m.Close()
 	var svc *templates.Service
-	if !clustered { // templates of a cluster come with the chunk store (not yet)
-		if svc, err = openTemplates(cfg, m, tpl, log); err != nil {
+	var shared templates.Shared
+	if member != nil && images != nil {
+		// A cluster's templates travel through the chunk store.
+		shared = sharedTemplates{member: member, images: images, tmp: filepath.Join(cfg.DataDir, "tmp")}
+		if err := os.MkdirAll(filepath.Join(cfg.DataDir, "tmp"), 0o700); err != nil {
+			return err
+		}
+	}
+	if !clustered || shared != nil {
+		if svc, err = openTemplates(cfg, m, tpl, shared, log); err != nil {
 			return err
 		}
 		svc.Start()

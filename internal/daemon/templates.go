@@ -70,7 +70,7 @@ func (c *BuildConfig) validate() []error {
 // openTemplates wires the custom template service to the manager: the
 // builder boots its sandboxes through the manager, and the manager
 // resolves template ids and keeps ready sandboxes through the service.
-func openTemplates(cfg Config, m *manager.Manager, tpl *template.Registry, log *slog.Logger) (*templates.Service, error) {
+func openTemplates(cfg Config, m *manager.Manager, tpl *template.Registry, shared templates.Shared, log *slog.Logger) (*templates.Service, error) {
 	dir := filepath.Join(cfg.DataDir, "custom-templates")
 	ls, err := layers.Open(filepath.Join(dir, "layers"))
 	if err != nil {
@@ -100,7 +100,7 @@ func openTemplates(cfg Config, m *manager.Manager, tpl *template.Registry, log *
 				}
 				return build.Parent{Layers: []string{l.ID}, Context: c}, nil
 			}
-			return svc.Parent(id)
+			return svc.Parent(ctx, id)
 		},
 		Limits:        sandbox.Limits{CPUCount: b.CPUs, MemoryMB: b.MemoryMB, DiskMB: cfg.DefaultLimits.DiskMB},
 		MaxLayerBytes: int64(b.DiskMB) << 20,
@@ -111,7 +111,7 @@ func openTemplates(cfg Config, m *manager.Manager, tpl *template.Registry, log *
 		Dir: dir, Builder: builder, Layers: ls, Pool: pool{m}, Log: log,
 		Defaults: cfg.DefaultLimits, MaxLimits: cfg.MaxLimits, Reserved: reservedNames(),
 		Concurrency: b.Concurrency, Queue: b.Queue, Timeout: b.Timeout, MaxUploadBytes: b.UploadBytes,
-		CapBytes: b.CapBytes, PoolReady: b.PoolReady, LayerTTL: b.LayerTTL,
+		CapBytes: b.CapBytes, PoolReady: b.PoolReady, LayerTTL: b.LayerTTL, Shared: shared,
 	})
 	if err != nil {
 		return nil, err

@@ -189,18 +189,33 @@ func (g *Gateway) createHere(w http.ResponseWriter, r *http.Request, c caller, r
 			return true
 		}
 		sn, err := db.FindSnapshot(r.Context(), c.team.ID, tpl)
-		if err != nil {
-			api.Fail(g.log, w, r, errdefs.New(errdefs.ErrNotFound, "template or snapshot %q not found (built-in templates: base, code-interpreter-v1)", tpl))
+		switch {
+		case err == nil:
+			// Its image is on its host's disk, and, once uploaded, in the
+			// chunk store: then any host of the build that wrote it can
+			// take it, its own first.
+			req.Standby = sn.ID
+			if sn.StoreRoot != "" && sn.Region == region.ID {
+				req.Home, req.Versions = sn.HostSlot, []string{"runsc=" + sn.Runtime}
+			} else {
+				req.Slot = sn.HostSlot
+			}
+		case errors.Is(err, errdefs.ErrNotFound):
+			// A custom template: published to the chunk store, any host
+			// of the runsc build that made its warm image pulls it.
+			name, tag, _ := strings.Cut(tpl, ":")
+			tb, terr := db.FindTemplateBuild(r.Context(), c.team.ID, name, tag)
+			if terr != nil {
+				if errors.Is(terr, errdefs.ErrNotFound) {
+					terr = errdefs.New(errdefs.ErrNotFound, "template or snapshot %q not found (built-in templates: base, code-interpreter-v1)", tpl)
+				}
+				api.Fail(g.log, w, r, terr)
+				return true
+			}
+			req.Template, req.Versions = tb.BuildID, []string{"runsc=" + tb.Runtime}
+		default:
+			api.Fail(g.log, w, r, err)
 			return true
-		}
-		// Its image is on its host's disk, and, once uploaded, in the
-		// chunk store: then any host of the build that wrote it can take
-		// it, its own first.
-		req.Standby = sn.ID
-		if sn.StoreRoot != "" && sn.Region == region.ID {
-			req.Home, req.Versions = sn.HostSlot, []string{"runsc=" + sn.Runtime}
-		} else {
-			req.Slot = sn.HostSlot
 		}
 	}
 	timing.Since(r.Context(), "route", t0)

@@ -81,6 +81,13 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, reqID string) {
 			return
 		}
 	}
+	// E2B's SDKs PUT a template's files to the link its template host
+	// signed, with no key (as to a presigned S3 URL): that host checks
+	// the signature.
+	if r.Method == http.MethodPut && signedUploadRE.MatchString(r.URL.Path) && r.URL.Query().Get("signature") != "" {
+		g.templateOp(w, r, "")
+		return
+	}
 	c, err := g.authenticate(r)
 	if err != nil {
 		var ae *authError
@@ -120,13 +127,12 @@ func (g *Gateway) control(w http.ResponseWriter, r *http.Request, c caller, regi
 		g.listSnapshots(w, r, c)
 	case p == "/snapshots/usage" && r.Method == http.MethodGet:
 		g.snapshotUsage(w, r, c)
-	case strings.HasPrefix(p, "/snapshots/") || strings.HasPrefix(p, "/templates/") && r.Method == http.MethodDelete:
+	case strings.HasPrefix(p, "/snapshots/"):
 		g.snapshotOp(w, r, c)
-	case p == "/v3/templates" || strings.HasPrefix(p, "/v2/templates/") || p == "/templates" && r.Method == http.MethodPost:
-		api.WriteError(w, r.Header.Get("X-Request-Id"), http.StatusNotImplemented,
-			"custom templates are built on a single host; a cluster serves the built-in templates only until template artifacts travel between hosts")
-	case strings.HasPrefix(p, "/templates/"):
-		g.anyHost(w, r, c)
+	case strings.HasPrefix(p, "/templates/") && r.Method == http.MethodDelete:
+		g.deleteTemplate(w, r, c)
+	case templateAPI(p):
+		g.templateOp(w, r, c.team.ID)
 	case p == "/hosts" && r.Method == http.MethodGet:
 		g.hosts(w)
 	case sandboxInPath(p) != "":
@@ -293,19 +299,6 @@ func (g *Gateway) toRegion(w http.ResponseWriter, r *http.Request, regionID int)
 	}
 	timing.Since(r.Context(), "route", time.Now())
 	g.forward(w, r, h, nil)
-}
-
-// anyHost forwards a request any host of the region can answer (the
-// built-in templates) for the caller's team.
-func (g *Gateway) anyHost(w http.ResponseWriter, r *http.Request, c caller) {
-	v := g.view.Load()
-	for _, h := range v.Hosts {
-		if h.Region == v.Region.ID && h.State == "active" && !h.Silent() {
-			g.forward(w, r, toHost(h.Addr, c.team.ID, ""), nil)
-			return
-		}
-	}
-	api.Fail(g.log, w, r, errdefs.New(errdefs.ErrUnavailable, "no host of region %s answers", v.Region.Name))
 }
 
 // withDomain sets the domain in a sandbox answer to the region's (the SDK

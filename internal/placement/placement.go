@@ -26,7 +26,7 @@ import (
 type Request struct {
 	Region   int
 	MemoryMB int64
-	Template string // a built-in template: a host with a ready pool of it first
+	Template string // a built-in template or a custom template's build: a host with a ready pool of it first
 	// Slot, if not 0, is the one host that can run it (a snapshot's image
 	// that is only on its host). Home, if not 0, is the host that holds
 	// the image on disk, first when it can take it; others fetch the image

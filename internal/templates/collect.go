@@ -246,7 +246,7 @@ func (s *Service) checkCap(ctx context.Context) error {
 // daemon (another agent or boot configuration), then swaps it in.
 func (s *Service) rewarm(templateID string) {
 	s.mu.Lock()
-	t := s.findLocked(templateID)
+	t := s.findLocked(context.Background(), templateID)
 	var b *Build
 	if t != nil {
 		b = t.latestReady()
@@ -275,7 +275,7 @@ func (s *Service) rewarm(templateID string) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if t := s.findLocked(templateID); t == nil || t.latestReady() == nil || t.latestReady().ID != id {
+	if t := s.findLocked(context.Background(), templateID); t == nil || t.latestReady() == nil || t.latestReady().ID != id {
 		_ = os.RemoveAll(image)
 		return
 	}

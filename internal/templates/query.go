@@ -2,32 +2,36 @@ package templates
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/templates/build"
 )
 
-// List returns every template, oldest first.
-func (s *Service) List() []*Template {
+// List returns the templates ctx's team sees, oldest first.
+func (s *Service) List(ctx context.Context) []*Template {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]*Template, 0, len(s.st.Templates))
 	for _, t := range s.st.Templates {
-		out = append(out, cloneTemplate(t))
+		if sandbox.Sees(ctx, t.Team) {
+			out = append(out, cloneTemplate(t))
+		}
 	}
 	return out
 }
 
 // Get returns the template an id or name names.
-func (s *Service) Get(idOrName string) (*Template, error) {
+func (s *Service) Get(ctx context.Context, idOrName string) (*Template, error) {
 	name, _ := SplitName(idOrName)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := s.findLocked(name)
+	t := s.findLocked(ctx, name)
 	if t == nil {
 		return nil, notFound(idOrName)
 	}
@@ -35,7 +39,7 @@ func (s *Service) Get(idOrName string) (*Template, error) {
 }
 
 // Alias returns the template a name (or id) names: E2B's alias check.
-func (s *Service) Alias(name string) (*Template, error) { return s.Get(name) }
+func (s *Service) Alias(ctx context.Context, name string) (*Template, error) { return s.Get(ctx, name) }
 
 // BuildInfo is a build's status with a page of its log.
 type BuildInfo struct {
@@ -49,9 +53,9 @@ var levels = map[string]int{"debug": 0, "info": 1, "warn": 2, "error": 3}
 
 // BuildStatus returns a build's status and up to limit log entries from
 // offset (entries below level left out before paging).
-func (s *Service) BuildStatus(idOrName, buildID string, offset, limit int, level string) (*BuildInfo, error) {
+func (s *Service) BuildStatus(ctx context.Context, idOrName, buildID string, offset, limit int, level string) (*BuildInfo, error) {
 	s.mu.Lock()
-	t := s.findLocked(idOrName)
+	t := s.findLocked(ctx, idOrName)
 	if t == nil {
 		s.mu.Unlock()
 		return nil, notFound(idOrName)
@@ -86,8 +90,8 @@ func (s *Service) BuildStatus(idOrName, buildID string, offset, limit int, level
 
 // BuildLogs returns up to limit entries at or after cursor (forward) or
 // before it (backward), as E2B's logs endpoint.
-func (s *Service) BuildLogs(idOrName, buildID string, cursor time.Time, limit int, forward bool, level string) ([]LogEntry, error) {
-	info, err := s.BuildStatus(idOrName, buildID, 0, -1, level)
+func (s *Service) BuildLogs(ctx context.Context, idOrName, buildID string, cursor time.Time, limit int, forward bool, level string) ([]LogEntry, error) {
+	info, err := s.BuildStatus(ctx, idOrName, buildID, 0, -1, level)
 	if err != nil {
 		return nil, err
 	}
@@ -111,10 +115,10 @@ func (s *Service) BuildLogs(idOrName, buildID string, cursor time.Time, limit in
 
 // Update sets whether a template is public (E2B's PATCH); it returns the
 // template.
-func (s *Service) Update(idOrName string, public *bool) (*Template, error) {
+func (s *Service) Update(ctx context.Context, idOrName string, public *bool) (*Template, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := s.findLocked(idOrName)
+	t := s.findLocked(ctx, idOrName)
 	if t == nil {
 		return nil, notFound(idOrName)
 	}
@@ -130,24 +134,32 @@ func (s *Service) Update(idOrName string, public *bool) (*Template, error) {
 
 // AssignTags points tags at the build target ("name:tag", or "name" for
 // the newest ready build) names. It returns the build id.
-func (s *Service) AssignTags(target string, tags []string) (string, error) {
+func (s *Service) AssignTags(ctx context.Context, target string, tags []string) (string, error) {
+	id, t, err := s.assignTags(ctx, target, tags)
+	if err == nil {
+		s.syncShared(t.Team, t.ID)
+	}
+	return id, err
+}
+
+func (s *Service) assignTags(ctx context.Context, target string, tags []string) (string, *Template, error) {
 	name, tag := SplitName(target)
 	if name == "" {
-		return "", errdefs.New(errdefs.ErrInvalidArgument, "target %q must be name:tag", target)
+		return "", nil, errdefs.New(errdefs.ErrInvalidArgument, "target %q must be name:tag", target)
 	}
 	if len(tags) == 0 {
-		return "", errdefs.New(errdefs.ErrInvalidArgument, "no tags to assign")
+		return "", nil, errdefs.New(errdefs.ErrInvalidArgument, "no tags to assign")
 	}
 	for _, tg := range tags {
 		if err := validTag(tg); err != nil {
-			return "", err
+			return "", nil, err
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := s.findLocked(name)
+	t := s.findLocked(ctx, name)
 	if t == nil {
-		return "", notFound(name)
+		return "", nil, notFound(name)
 	}
 	var b *Build
 	if tag == "" {
@@ -156,45 +168,53 @@ func (s *Service) AssignTags(target string, tags []string) (string, error) {
 		b = t.build(ref.BuildID)
 	}
 	if b == nil || b.Status != StatusReady {
-		return "", errdefs.New(errdefs.ErrNotFound, "template %q has no ready build tagged %q", name, tag)
+		return "", nil, errdefs.New(errdefs.ErrNotFound, "template %q has no ready build tagged %q", name, tag)
 	}
 	now := time.Now().UTC()
 	for _, tg := range tags {
 		t.Tags[tg] = TagRef{BuildID: b.ID, CreatedAt: now}
 	}
 	t.UpdatedAt = now
-	return b.ID, s.saveLocked()
+	return b.ID, t, s.saveLocked()
 }
 
 // RemoveTags removes tags from template name.
-func (s *Service) RemoveTags(name string, tags []string) error {
+func (s *Service) RemoveTags(ctx context.Context, name string, tags []string) error {
+	t, err := s.removeTags(ctx, name, tags)
+	if err == nil {
+		s.syncShared(t.Team, t.ID)
+	}
+	return err
+}
+
+func (s *Service) removeTags(ctx context.Context, name string, tags []string) (*Template, error) {
 	if len(tags) == 0 {
-		return errdefs.New(errdefs.ErrInvalidArgument, "no tags to remove")
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "no tags to remove")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := s.findLocked(name)
+	t := s.findLocked(ctx, name)
 	if t == nil {
-		return notFound(name)
+		return nil, notFound(name)
 	}
 	for _, tg := range tags {
 		if _, ok := t.Tags[tg]; !ok {
-			return errdefs.New(errdefs.ErrNotFound, "template %q has no tag %q", name, tg)
+			return nil, errdefs.New(errdefs.ErrNotFound, "template %q has no tag %q", name, tg)
 		}
 	}
 	for _, tg := range tags {
 		delete(t.Tags, tg)
 	}
 	t.UpdatedAt = time.Now().UTC()
-	return s.saveLocked()
+	return t, s.saveLocked()
 }
 
 // Delete removes a template: its pool sandboxes at once, its builds'
 // files once no sandbox or snapshot uses them, its layers when the
 // collector finds nothing else using them. Running builds are stopped.
-func (s *Service) Delete(idOrName string) error {
+func (s *Service) Delete(ctx context.Context, idOrName string) error {
 	s.mu.Lock()
-	t := s.findLocked(idOrName)
+	t := s.findLocked(ctx, idOrName)
 	if t == nil {
 		s.mu.Unlock()
 		return notFound(idOrName)
@@ -210,6 +230,7 @@ func (s *Service) Delete(idOrName string) error {
 	if err != nil {
 		return err
 	}
+	s.syncShared(t.Team, t.ID)
 	s.collect(context.Background())
 	return nil
 }
@@ -218,11 +239,22 @@ func (s *Service) Delete(idOrName string) error {
 // "name:tag" or a template id (with or without a tag). Without a tag it is
 // the newest ready build. ErrNotFound when nothing matches;
 // ErrFailedPrecondition when the template has no ready build.
-func (s *Service) ResolveTemplate(_ context.Context, id string) (Resolved, error) {
+func (s *Service) ResolveTemplate(ctx context.Context, id string) (Resolved, error) {
+	r, err := s.resolveLocal(ctx, id)
+	if s.cfg.Shared != nil && errors.Is(err, errdefs.ErrNotFound) {
+		if rs, serr := s.resolveShared(ctx, id); !errors.Is(serr, errdefs.ErrNotFound) {
+			return rs, serr
+		}
+	}
+	return r, err
+}
+
+// resolveLocal resolves id among the templates this host built.
+func (s *Service) resolveLocal(ctx context.Context, id string) (Resolved, error) {
 	name, tag := SplitName(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := s.findLocked(name)
+	t := s.findLocked(ctx, name)
 	if t == nil {
 		return Resolved{}, notFound(id)
 	}
@@ -248,11 +280,11 @@ func (s *Service) ResolveTemplate(_ context.Context, id string) (Resolved, error
 
 // Parent returns the layers and context of the build a fromTemplate names
 // (build.Config.Parent).
-func (s *Service) Parent(id string) (build.Parent, error) {
+func (s *Service) Parent(ctx context.Context, id string) (build.Parent, error) {
 	name, tag := SplitName(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := s.findLocked(name)
+	t := s.findLocked(ctx, name)
 	if t == nil {
 		return build.Parent{}, errdefs.New(errdefs.ErrNotFound, "base template %q not found", id)
 	}

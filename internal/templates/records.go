@@ -22,7 +22,10 @@ const (
 
 // Template is the record of one custom template.
 type Template struct {
-	ID        string    `json:"id"`
+	ID string `json:"id"`
+	// Team owns it: a cluster's template host keeps every team's
+	// templates, each seeing its own ("" on a single host).
+	Team      string    `json:"team,omitempty"`
 	Names     []string  `json:"names"` // E2B's aliases
 	Public    bool      `json:"public"`
 	CPUCount  int       `json:"cpuCount"`

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
@@ -88,6 +89,9 @@ type Config struct {
 	// LayerTTL is how long a layer or upload nothing refers to is kept
 	// for later builds (24 hours).
 	LayerTTL time.Duration
+	// Shared is the cluster's store of built templates (shared.go); nil
+	// on a single host.
+	Shared Shared
 }
 
 // Service is the custom template store. Safe for concurrent use.
@@ -105,6 +109,10 @@ type Service struct {
 	stopped context.Context
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
+
+	layerRoots map[string]string // guarded by mu: layers put in the chunk store
+	syncMu     sync.Mutex        // one syncShared at a time
+	pulls      singleflight.Group
 }
 
 // Open loads the records in cfg.Dir. Builds that a previous daemon left
@@ -135,7 +143,7 @@ func Open(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("loading template records: %w", err)
 	}
 	s := &Service{cfg: cfg, log: cfg.Log, slots: make(chan struct{}, cfg.Concurrency), st: st,
-		logs: map[string]*buildLog{}, cancels: map[string]context.CancelFunc{}}
+		logs: map[string]*buildLog{}, cancels: map[string]context.CancelFunc{}, layerRoots: map[string]string{}}
 	s.stopped, s.stop = context.WithCancel(context.Background())
 	removeGone(filepath.Join(cfg.Dir, "builds"))
 	now := time.Now().UTC()
@@ -240,10 +248,12 @@ func newTemplateID() string {
 	return string(b)
 }
 
-// findLocked returns the template an id or name names.
-func (s *Service) findLocked(idOrName string) *Template {
+// findLocked returns the template an id or name names, among those of
+// the team ctx is scoped to (sandbox.WithTeam; a context with no team sees
+// every template: a single host, and the service's own work by id).
+func (s *Service) findLocked(ctx context.Context, idOrName string) *Template {
 	for _, t := range s.st.Templates {
-		if t.ID == idOrName || slices.Contains(t.Names, idOrName) {
+		if sandbox.Sees(ctx, t.Team) && (t.ID == idOrName || slices.Contains(t.Names, idOrName)) {
 			return t
 		}
 	}
@@ -264,7 +274,7 @@ type CreateRequest struct {
 
 // Create records a build waiting for its steps (E2B's POST /v3/templates):
 // of the template named Name, made if needed.
-func (s *Service) Create(req CreateRequest) (*Template, *Build, error) {
+func (s *Service) Create(ctx context.Context, req CreateRequest) (*Template, *Build, error) {
 	name, tag := SplitName(req.Name)
 	if err := validName(name); err != nil {
 		return nil, nil, err
@@ -298,9 +308,10 @@ func (s *Service) Create(req CreateRequest) (*Template, *Build, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now().UTC()
-	t := s.findLocked(name)
+	t := s.findLocked(ctx, name)
 	if t == nil {
-		t = &Template{ID: newTemplateID(), Names: []string{name}, CreatedAt: now, Tags: map[string]TagRef{},
+		team, _ := sandbox.TeamOf(ctx)
+		t = &Template{ID: newTemplateID(), Team: team, Names: []string{name}, CreatedAt: now, Tags: map[string]TagRef{},
 			CPUCount: s.cfg.Defaults.CPUCount, MemoryMB: s.cfg.Defaults.MemoryMB, DiskMB: s.cfg.Defaults.DiskMB}
 		s.st.Templates = append(s.st.Templates, t)
 	}
@@ -344,12 +355,12 @@ func cloneBuild(b *Build) *Build {
 
 // FilePresent reports whether the files with hash were uploaded already
 // (for template idOrName, which must exist).
-func (s *Service) FilePresent(idOrName, hash string) (bool, error) {
+func (s *Service) FilePresent(ctx context.Context, idOrName, hash string) (bool, error) {
 	if !hashRE.MatchString(hash) {
 		return false, errdefs.New(errdefs.ErrInvalidArgument, "files hash must be 64 lowercase hex digits")
 	}
 	s.mu.Lock()
-	t := s.findLocked(idOrName)
+	t := s.findLocked(ctx, idOrName)
 	s.mu.Unlock()
 	if t == nil {
 		return false, notFound(idOrName)
@@ -360,8 +371,8 @@ func (s *Service) FilePresent(idOrName, hash string) (bool, error) {
 
 // PutFile stores an upload under its hash (written beside, renamed into
 // place). Larger than MaxUploadBytes: ErrResourceExhausted.
-func (s *Service) PutFile(idOrName, hash string, r io.Reader) error {
-	if _, err := s.FilePresent(idOrName, hash); err != nil {
+func (s *Service) PutFile(ctx context.Context, idOrName, hash string, r io.Reader) error {
+	if _, err := s.FilePresent(ctx, idOrName, hash); err != nil {
 		return err
 	}
 	dst := filepath.Join(s.cfg.Dir, "files", hash)
@@ -386,7 +397,7 @@ func (s *Service) PutFile(idOrName, hash string, r io.Reader) error {
 // StartBuild starts a waiting build with its steps (E2B's POST
 // /v2/templates/{id}/builds/{build}). It runs in the background; BuildInfo
 // reports on it.
-func (s *Service) StartBuild(idOrName, buildID string, spec build.Spec) error {
+func (s *Service) StartBuild(ctx context.Context, idOrName, buildID string, spec build.Spec) error {
 	warnings, err := s.applyDockerfile(&spec)
 	if err != nil {
 		return err
@@ -396,7 +407,7 @@ func (s *Service) StartBuild(idOrName, buildID string, spec build.Spec) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := s.findLocked(idOrName)
+	t := s.findLocked(ctx, idOrName)
 	if t == nil {
 		return notFound(idOrName)
 	}
@@ -434,7 +445,13 @@ func (s *Service) StartBuild(idOrName, buildID string, spec build.Spec) error {
 		b.Status = StatusWaiting
 		return err
 	}
-	ctx, cancel := context.WithTimeoutCause(s.stopped, s.cfg.Timeout,
+	// The build runs on after this request, as its team: a fromTemplate
+	// sees that team's templates.
+	bctx := s.stopped
+	if team, ok := sandbox.TeamOf(ctx); ok {
+		bctx = sandbox.WithTeam(bctx, team)
+	}
+	ctx, cancel := context.WithTimeoutCause(bctx, s.cfg.Timeout,
 		errdefs.New(errdefs.ErrResourceExhausted, "the build ran longer than the limit of %s and was stopped", s.cfg.Timeout))
 	s.logs[b.ID], s.cancels[b.ID] = lg, cancel
 	s.active++
@@ -486,6 +503,12 @@ func (s *Service) run(ctx context.Context, templateID, buildID string, spec buil
 	}
 	t0 := time.Now()
 	res, err := s.cfg.Builder.Build(ctx, build.Job{Spec: spec, Limits: limits, Dir: s.buildDir(buildID), Log: logf})
+	if err == nil && s.cfg.Shared != nil {
+		logf(build.Entry{Level: "info", Step: build.StepFinalize, Message: "Publishing the template to the cluster's chunk store"})
+		if perr := s.publish(ctx, templateID, buildID, spec, limits, res, logf); perr != nil {
+			err = &build.StepError{Step: build.StepFinalize, Err: perr}
+		}
+	}
 	if err != nil && ctx.Err() != nil {
 		err = &build.StepError{Step: stepOf(err), Err: context.Cause(ctx)}
 	}
@@ -506,7 +529,7 @@ func stepOf(err error) string {
 func (s *Service) finish(templateID, buildID string, res *build.Result, err error, lg *buildLog) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := s.findLocked(templateID)
+	t := s.findLocked(context.Background(), templateID)
 	if t == nil { // deleted meanwhile
 		s.removeLater(s.buildDir(buildID))
 		return
@@ -547,6 +570,8 @@ func (s *Service) finish(templateID, buildID string, res *build.Result, err erro
 	if prev != nil {
 		s.cfg.Pool.UnwarmCustom(prev.ID)
 	}
+	team := t.Team
+	s.wg.Go(func() { s.syncShared(team, templateID) })
 	s.wg.Go(func() { s.collect(context.Background()) })
 }
 

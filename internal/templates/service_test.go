@@ -21,7 +21,8 @@ import (
 type fakeBuilder struct {
 	mu     sync.Mutex
 	builds int
-	warm   string // WarmKey it answers
+	warm   string        // WarmKey it answers
+	layers *layers.Store // set: each build makes a layer of its steps' "echo" output
 }
 
 func (f *fakeBuilder) Build(ctx context.Context, job build.Job) (*build.Result, error) {
@@ -40,6 +41,23 @@ func (f *fakeBuilder) Build(ctx context.Context, job build.Job) (*build.Result, 
 		}
 		_ = i
 	}
+	var chain []string
+	if f.layers != nil {
+		p, err := f.layers.Begin(layers.Key(job.Dir), "")
+		if err != nil {
+			return nil, err
+		}
+		for _, st := range job.Spec.Steps {
+			if out, ok := strings.CutPrefix(st.Args[0], "echo "); ok {
+				os.WriteFile(filepath.Join(p.Diff(), "step.txt"), []byte(out), 0o644)
+			}
+		}
+		l, err := p.Commit("RUN", nil)
+		if err != nil {
+			return nil, err
+		}
+		chain = []string{l.ID}
+	}
 	rootfs := filepath.Join(job.Dir, "rootfs")
 	image := filepath.Join(job.Dir, "warm-k")
 	for _, d := range []string{rootfs, image} {
@@ -48,7 +66,7 @@ func (f *fakeBuilder) Build(ctx context.Context, job build.Job) (*build.Result, 
 		}
 	}
 	os.WriteFile(filepath.Join(image, "checkpoint.img"), []byte("x"), 0o600)
-	return &build.Result{Rootfs: rootfs, Image: image, WarmKey: f.key(), Context: build.Context{User: "user"}}, nil
+	return &build.Result{Layers: chain, Rootfs: rootfs, Image: image, WarmKey: f.key(), Context: build.Context{User: "user"}}, nil
 }
 
 func (f *fakeBuilder) key() string {
@@ -131,7 +149,7 @@ func wait(t *testing.T, s *Service, id, buildID string) *BuildInfo {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		info, err := s.BuildStatus(id, buildID, 0, 100, "")
+		info, err := s.BuildStatus(context.Background(), id, buildID, 0, 100, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,7 +165,7 @@ func wait(t *testing.T, s *Service, id, buildID string) *BuildInfo {
 
 func buildOnce(t *testing.T, s *Service, name string, steps ...string) (*Template, *Build, *BuildInfo) {
 	t.Helper()
-	tp, b, err := s.Create(CreateRequest{Name: name})
+	tp, b, err := s.Create(context.Background(), CreateRequest{Name: name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +173,7 @@ func buildOnce(t *testing.T, s *Service, name string, steps ...string) (*Templat
 	for _, c := range steps {
 		sp.Steps = append(sp.Steps, build.Step{Type: "RUN", Args: []string{c}})
 	}
-	if err := s.StartBuild(tp.ID, b.ID, sp); err != nil {
+	if err := s.StartBuild(context.Background(), tp.ID, b.ID, sp); err != nil {
 		t.Fatal(err)
 	}
 	return tp, b, wait(t, s, tp.ID, b.ID)
@@ -183,7 +201,7 @@ func TestCreateBuildResolve(t *testing.T) {
 		t.Error("the ready build was not handed to the pool")
 	}
 	// Paging of the log.
-	page, _ := s.BuildStatus(tp.ID, b.ID, 1, 1, "")
+	page, _ := s.BuildStatus(context.Background(), tp.ID, b.ID, 1, 1, "")
 	if len(page.Logs) != 1 || page.Logs[0].Message != "RUN echo" {
 		t.Errorf("page = %+v", page.Logs)
 	}
@@ -199,18 +217,18 @@ func TestCreateBuildResolve(t *testing.T) {
 		t.Error("web:v1 no longer names its build")
 	}
 	// Tags.
-	if id, err := s.AssignTags("web:v1", []string{"prod"}); err != nil || id != b.ID {
+	if id, err := s.AssignTags(context.Background(), "web:v1", []string{"prod"}); err != nil || id != b.ID {
 		t.Errorf("assign = %s, %v", id, err)
 	}
 	for _, bad := range []string{":x", "x:", "a b"} {
-		if _, err := s.AssignTags("web:v1", []string{bad}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, err := s.AssignTags(context.Background(), "web:v1", []string{bad}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("tag %q: %v", bad, err)
 		}
 	}
-	if err := s.RemoveTags("web", []string{"prod"}); err != nil {
+	if err := s.RemoveTags(context.Background(), "web", []string{"prod"}); err != nil {
 		t.Error(err)
 	}
-	if err := s.RemoveTags("web", []string{"prod"}); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := s.RemoveTags(context.Background(), "web", []string{"prod"}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("removing a missing tag: %v", err)
 	}
 }
@@ -228,22 +246,22 @@ func TestBuildErrors(t *testing.T) {
 	if _, err := s.ResolveTemplate(context.Background(), "bad"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("resolving a template without a ready build: %v", err)
 	}
-	if err := s.StartBuild(tp.ID, b.ID, build.Spec{FromImage: "x"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if err := s.StartBuild(context.Background(), tp.ID, b.ID, build.Spec{FromImage: "x"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("starting a finished build again: %v", err)
 	}
 	for name, req := range map[string]CreateRequest{
 		"reserved": {Name: "base"}, "upper case": {Name: "Web"}, "bad tag": {Name: "x:a:b"},
 		"cpu": {Name: "x", CPUCount: 9}, "memory": {Name: "x", MemoryMB: 1},
 	} {
-		if _, _, err := s.Create(req); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, _, err := s.Create(context.Background(), req); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	if err := s.StartBuild(tp.ID, "nope", build.Spec{FromImage: "x"}); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := s.StartBuild(context.Background(), tp.ID, "nope", build.Spec{FromImage: "x"}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("unknown build: %v", err)
 	}
-	_, b3, _ := s.Create(CreateRequest{Name: "self"})
-	if err := s.StartBuild("self", b3.ID, build.Spec{FromTemplate: "self"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	_, b3, _ := s.Create(context.Background(), CreateRequest{Name: "self"})
+	if err := s.StartBuild(context.Background(), "self", b3.ID, build.Spec{FromTemplate: "self"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("from itself: %v", err)
 	}
 }
@@ -253,24 +271,24 @@ func TestBuildErrors(t *testing.T) {
 // as E2B does; other tags' waiting builds stay startable.
 func TestNewBuildSupersedesUnstarted(t *testing.T) {
 	s, _, _ := newService(t, t.TempDir(), nil)
-	_, abandoned, _ := s.Create(CreateRequest{Name: "app"})
-	_, other, _ := s.Create(CreateRequest{Name: "app:v2"})
+	_, abandoned, _ := s.Create(context.Background(), CreateRequest{Name: "app"})
+	_, other, _ := s.Create(context.Background(), CreateRequest{Name: "app:v2"})
 	tp, b, info := buildOnce(t, s, "app", "echo")
 	if info.Build.Status != StatusReady {
 		t.Fatalf("the new build: %+v", info.Build)
 	}
-	old, err := s.BuildStatus(tp.ID, abandoned.ID, 0, 0, "")
+	old, err := s.BuildStatus(context.Background(), tp.ID, abandoned.ID, 0, 0, "")
 	if err != nil || old.Build.Status != StatusError || old.Build.Reason == nil ||
 		old.Build.Reason.Message != "The build was canceled because it was superseded by a newer one." || old.Build.FinishedAt == nil {
 		t.Errorf("the abandoned build: %+v, %v", old, err)
 	}
-	if err := s.StartBuild(tp.ID, abandoned.ID, build.Spec{FromImage: "x"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if err := s.StartBuild(context.Background(), tp.ID, abandoned.ID, build.Spec{FromImage: "x"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("starting a superseded build: %v", err)
 	}
-	if v2, _ := s.BuildStatus(tp.ID, other.ID, 0, 0, ""); v2.Build.Status != StatusWaiting {
+	if v2, _ := s.BuildStatus(context.Background(), tp.ID, other.ID, 0, 0, ""); v2.Build.Status != StatusWaiting {
 		t.Errorf("a waiting build of another tag became %s", v2.Build.Status)
 	}
-	if cur, _ := s.BuildStatus(tp.ID, b.ID, 0, 0, ""); cur.Build.Status != StatusReady {
+	if cur, _ := s.BuildStatus(context.Background(), tp.ID, b.ID, 0, 0, ""); cur.Build.Status != StatusReady {
 		t.Errorf("the new build became %s", cur.Build.Status)
 	}
 }
@@ -279,9 +297,9 @@ func TestQueueAndTimeout(t *testing.T) {
 	s, _, _ := newService(t, t.TempDir(), func(c *Config) { c.Queue = 1; c.Timeout = 300 * time.Millisecond })
 	var ids [3][2]string
 	for i := range 3 {
-		tp, b, _ := s.Create(CreateRequest{Name: "q"})
+		tp, b, _ := s.Create(context.Background(), CreateRequest{Name: "q"})
 		ids[i] = [2]string{tp.ID, b.ID}
-		err := s.StartBuild(tp.ID, b.ID, build.Spec{FromImage: "x", Steps: []build.Step{{Type: "RUN", Args: []string{"block"}}}})
+		err := s.StartBuild(context.Background(), tp.ID, b.ID, build.Spec{FromImage: "x", Steps: []build.Step{{Type: "RUN", Args: []string{"block"}}}})
 		if i < 2 && err != nil {
 			t.Fatal(err)
 		}
@@ -306,10 +324,10 @@ func TestDeleteAndCollect(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(s.buildDir(b.ID), "rootfs")); err == nil {
 		t.Error("a superseded, unused build kept its root")
 	}
-	if err := s.Delete(tp.ID); err != nil {
+	if err := s.Delete(context.Background(), tp.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Get("gone"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Get(context.Background(), "gone"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("deleted template: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(s.buildDir(b2.ID), "rootfs")); err != nil {
@@ -329,8 +347,8 @@ func TestRestart(t *testing.T) {
 	dir := t.TempDir()
 	s, fb, _ := newService(t, dir, nil)
 	tp, b, _ := buildOnce(t, s, "keep", "echo")
-	_, b2, _ := s.Create(CreateRequest{Name: "keep"})
-	s.StartBuild(tp.ID, b2.ID, build.Spec{FromImage: "x", Steps: []build.Step{{Type: "RUN", Args: []string{"block"}}}})
+	_, b2, _ := s.Create(context.Background(), CreateRequest{Name: "keep"})
+	s.StartBuild(context.Background(), tp.ID, b2.ID, build.Spec{FromImage: "x", Steps: []build.Step{{Type: "RUN", Args: []string{"block"}}}})
 	// A crash mid-build: the records say building (Close would record
 	// the cancellation; the records from before it are put back).
 	crashed, err := os.ReadFile(filepath.Join(dir, "templates.json"))
@@ -341,13 +359,13 @@ func TestRestart(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "templates.json"), crashed, 0o600)
 	fb.warm = "newkey" // another agent: the warm image is remade
 	s2, _, fp2 := newService(t, dir, func(c *Config) { c.Builder = fb })
-	info, _ := s2.BuildStatus("keep", b2.ID, 0, 10, "")
+	info, _ := s2.BuildStatus(context.Background(), "keep", b2.ID, 0, 10, "")
 	if info.Build.Status != StatusError || !strings.Contains(info.Build.Reason.Message, "daemon stopped") {
 		t.Errorf("interrupted build after restart: %+v", info.Build)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		got, _ := s2.Get("keep")
+		got, _ := s2.Get(context.Background(), "keep")
 		if got.latestReady().WarmKey == "newkey" {
 			break
 		}
@@ -393,24 +411,24 @@ func TestRestartRemovesGone(t *testing.T) {
 
 func TestUploads(t *testing.T) {
 	s, _, _ := newService(t, t.TempDir(), nil)
-	tp, _, _ := s.Create(CreateRequest{Name: "up"})
+	tp, _, _ := s.Create(context.Background(), CreateRequest{Name: "up"})
 	h := strings.Repeat("ab", 32)
-	if ok, err := s.FilePresent(tp.ID, h); ok || err != nil {
+	if ok, err := s.FilePresent(context.Background(), tp.ID, h); ok || err != nil {
 		t.Fatalf("present before upload: %v %v", ok, err)
 	}
-	if err := s.PutFile(tp.ID, h, strings.NewReader("data")); err != nil {
+	if err := s.PutFile(context.Background(), tp.ID, h, strings.NewReader("data")); err != nil {
 		t.Fatal(err)
 	}
-	if ok, _ := s.FilePresent("up", h); !ok {
+	if ok, _ := s.FilePresent(context.Background(), "up", h); !ok {
 		t.Error("not present after upload")
 	}
-	if err := s.PutFile(tp.ID, h, strings.NewReader(strings.Repeat("x", 2<<20))); !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if err := s.PutFile(context.Background(), tp.ID, h, strings.NewReader(strings.Repeat("x", 2<<20))); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Errorf("upload over the limit: %v", err)
 	}
-	if _, err := s.FilePresent(tp.ID, "../../etc/passwd"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := s.FilePresent(context.Background(), tp.ID, "../../etc/passwd"); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("bad hash: %v", err)
 	}
-	if _, err := s.FilePresent("nope", h); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.FilePresent(context.Background(), "nope", h); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("unknown template: %v", err)
 	}
 }

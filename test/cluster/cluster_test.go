@@ -35,6 +35,7 @@ func TestCluster(t *testing.T) {
 		{"paused-moves", testPausedMoves},
 		{"evacuate", testEvacuate},
 		{"fork-overflows", testForkOverflows},
+		{"templates-travel", testTemplatesTravel},
 		{"store-outage", testStoreOutage},
 		{"store-collects", testStoreCollects},
 		{"host-killed", testHostKilled},

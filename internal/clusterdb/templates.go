@@ -1,0 +1,76 @@
+package clusterdb
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
+)
+
+// TemplateBuild is a published build of a team's custom template.
+type TemplateBuild struct {
+	BuildID    string
+	Team       string
+	TemplateID string
+	Names      []string // the template's names
+	Tags       []string // the tags naming this build
+	Runtime    string   // the runsc build that made its warm image
+	Roots      []string // the chunk store roots it keeps
+	Artifact   []byte   // what a host needs to pull it (JSON)
+}
+
+// PutTemplateBuild records a published build (again: replaced).
+func (db *DB) PutTemplateBuild(ctx context.Context, b TemplateBuild) error {
+	_, err := db.pool.Exec(ctx, `INSERT INTO template_builds (build_id, team, template_id, names, tags, runtime, roots, artifact)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		ON CONFLICT (build_id) DO UPDATE SET names = $4, tags = $5, runtime = $6, roots = $7, artifact = $8`,
+		b.BuildID, b.Team, b.TemplateID, nonNil(b.Names), nonNil(b.Tags), b.Runtime, nonNil(b.Roots), b.Artifact)
+	return unavailable(err)
+}
+
+// SyncTemplate sets a template's names and its builds' tags (a nil tag
+// list leaves that build's as published: it is still being built) and
+// forgets its builds not in builds (all of them when builds is empty: the
+// template is gone).
+func (db *DB) SyncTemplate(ctx context.Context, team, templateID string, names []string, builds map[string][]string) error {
+	return unavailable(pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		keep := make([]string, 0, len(builds))
+		for id, tags := range builds {
+			keep = append(keep, id)
+			if tags == nil {
+				continue
+			}
+			if _, err := tx.Exec(ctx, `UPDATE template_builds SET names = $3, tags = $4 WHERE build_id = $1 AND team = $2`,
+				id, team, nonNil(names), tags); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, `DELETE FROM template_builds WHERE team = $1 AND template_id = $2 AND NOT (build_id = ANY($3))`,
+			team, templateID, keep)
+		return err
+	}))
+}
+
+// FindTemplateBuild returns the build of team's template named name (its
+// id or one of its names) that tag names, or its newest build when tag is
+// "".
+func (db *DB) FindTemplateBuild(ctx context.Context, team, name, tag string) (TemplateBuild, error) {
+	var b TemplateBuild
+	err := db.pool.QueryRow(ctx, `SELECT build_id, team, template_id, names, tags, runtime, roots, artifact FROM template_builds
+		WHERE team = $1 AND (template_id = $2 OR $2 = ANY(names)) AND ($3 = '' OR $3 = ANY(tags))
+		ORDER BY created_at DESC LIMIT 1`, team, name, tag).Scan(
+		&b.BuildID, &b.Team, &b.TemplateID, &b.Names, &b.Tags, &b.Runtime, &b.Roots, &b.Artifact)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return b, errdefs.New(errdefs.ErrNotFound, "template %q not found", name)
+	}
+	return b, unavailable(err)
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

@@ -1,0 +1,102 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/cellfork/cellfork/internal/clusterdb"
+	"github.com/cellfork/cellfork/internal/clusterhost"
+	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/manager"
+	"github.com/cellfork/cellfork/internal/templates"
+)
+
+// sharedTemplates is templates.Shared for a cluster host: artifacts in the
+// chunk store, their records in the cluster's database.
+type sharedTemplates struct {
+	member *clusterhost.Member
+	images manager.ImageStore
+	tmp    string // scratch space for packed layers
+}
+
+const layerFile = "layer.tar"
+
+func (s sharedTemplates) PutLayer(ctx context.Context, write func(io.Writer) error) (string, error) {
+	dir, err := os.MkdirTemp(s.tmp, "layer-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	f, err := os.Create(filepath.Join(dir, layerFile))
+	if err != nil {
+		return "", err
+	}
+	err = write(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", err
+	}
+	root, _, err := s.images.Export(ctx, dir, map[string]string{"kind": "template-layer"})
+	return root, err
+}
+
+func (s sharedTemplates) GetLayer(ctx context.Context, root string, read func(io.Reader) error) error {
+	base, err := os.MkdirTemp(s.tmp, "layer-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(base)
+	dir := filepath.Join(base, "x")
+	if _, err := s.images.Import(ctx, root, dir); err != nil {
+		return err
+	}
+	f, err := os.Open(filepath.Join(dir, layerFile))
+	if err != nil {
+		return errdefs.New(errdefs.ErrCorrupt, "template layer %s holds no %s", root, layerFile)
+	}
+	defer f.Close()
+	return read(f)
+}
+
+func (s sharedTemplates) PutImage(ctx context.Context, dir string) (string, error) {
+	root, _, err := s.images.Export(ctx, dir, map[string]string{"kind": "template-image"})
+	return root, err
+}
+
+func (s sharedTemplates) GetImage(ctx context.Context, root, dir string) error {
+	_, err := s.images.Import(ctx, root, dir)
+	return err
+}
+
+func (s sharedTemplates) Publish(ctx context.Context, a templates.Artifact) error {
+	doc, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	return s.member.PublishTemplate(ctx, clusterdb.TemplateBuild{BuildID: a.BuildID, Team: a.Team, TemplateID: a.TemplateID,
+		Names: a.Names, Tags: a.Tags, Roots: a.Roots(), Artifact: doc})
+}
+
+func (s sharedTemplates) Sync(ctx context.Context, team, templateID string, names []string, builds map[string][]string) error {
+	return s.member.SyncTemplate(ctx, team, templateID, names, builds)
+}
+
+func (s sharedTemplates) Find(ctx context.Context, team, ref string) (templates.Artifact, error) {
+	name, tag := templates.SplitName(ref)
+	b, err := s.member.FindTemplate(ctx, team, name, tag)
+	if err != nil {
+		return templates.Artifact{}, err
+	}
+	var a templates.Artifact
+	if err := json.Unmarshal(b.Artifact, &a); err != nil || a.BuildID != b.BuildID {
+		return a, errors.Join(errdefs.New(errdefs.ErrFailedPrecondition, "template %q: its record in the cluster cannot be read (another cellfork version?)", ref), err)
+	}
+	a.Runtime = b.Runtime
+	return a, nil
+}
