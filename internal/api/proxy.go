@@ -21,6 +21,14 @@ import (
 	"github.com/cellfork/cellfork/internal/timing"
 )
 
+// streamCoalesce is how long a streamed answer from a sandbox may wait to
+// leave with what follows it: the pieces an agent flushes within it (a
+// run_code's events, then the end of the answer) go out in one write, so
+// each hop after this one (a gateway, the client) wakes once instead of
+// once a piece. An answer's end is never held back; its headers leave
+// within this time, so a stream that stays silent is seen to have begun.
+const streamCoalesce = time.Millisecond
+
 // target is a port inside a sandbox.
 type target struct {
 	sandboxID string
@@ -160,7 +168,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 			timing.Inject(pr.Out.Context(), pr.Out.Header)
 		},
 		Transport:     tr,
-		FlushInterval: -1,
+		FlushInterval: -1, // flushes go through the coalescer
 		ModifyResponse: func(resp *http.Response) error {
 			once.Do(endUpstream)
 			if resp.StatusCode >= 500 {
@@ -198,8 +206,72 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, t target, reqID s
 	// upstream connection mid-response.
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	defer resetOnAbort(w)
-	rp.ServeHTTP(w, r)
+	cw := &coalescer{ResponseWriter: w}
+	defer cw.stop()
+	rp.ServeHTTP(cw, r)
 }
+
+// coalescer holds a proxied stream's flushes back by streamCoalesce, so
+// that what the agent flushed piece by piece within it leaves in one write
+// (the reverse proxy flushes every piece of a stream at once, whatever its
+// FlushInterval).
+type coalescer struct {
+	http.ResponseWriter
+	mu      sync.Mutex
+	t       *time.Timer
+	pending bool // a flush is scheduled
+	done    bool // the handler returned: the server flushes the rest
+}
+
+func (c *coalescer) WriteHeader(code int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (c *coalescer) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ResponseWriter.Write(b)
+}
+
+// Flush schedules a flush streamCoalesce from now, unless one is.
+func (c *coalescer) Flush() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done || c.pending {
+		return
+	}
+	c.pending = true
+	if c.t == nil {
+		c.t = time.AfterFunc(streamCoalesce, c.flushNow)
+	} else {
+		c.t.Reset(streamCoalesce)
+	}
+}
+
+func (c *coalescer) flushNow() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pending = false
+	if !c.done {
+		_ = http.NewResponseController(c.ResponseWriter).Flush()
+	}
+}
+
+// stop ends the flushes (the handler is returning).
+func (c *coalescer) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.done = true
+	if c.t != nil {
+		c.t.Stop()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the connection (full duplex,
+// hijacking for upgrades).
+func (c *coalescer) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
 // resetOnAbort resets the client's connection when the response was cut
 // short (the reverse proxy aborts with http.ErrAbortHandler: the sandbox's
