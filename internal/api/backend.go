@@ -38,6 +38,9 @@ type Backend interface {
 	Fork(ctx context.Context, id string, n int, timeout time.Duration) ([]sandbox.ForkResult, error)
 	Rollback(ctx context.Context, id, snapshot string) (*sandbox.Sandbox, error)
 	Merge(ctx context.Context, parentID, childID string) (*sandbox.Sandbox, error)
+	// Assume is a cluster's merge of a child here with its parent on
+	// another host (a gateway's; manager.Assume).
+	Assume(ctx context.Context, childID, parentID string) (*sandbox.Sandbox, error)
 
 	// Endpoint is how the data plane reaches a running sandbox; a paused
 	// one with autoResume is resumed first if wake says the request may

@@ -48,6 +48,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("POST /sandboxes/{id}/fork", s.fork)
 	s.mux.HandleFunc("POST /sandboxes/{id}/rollback", s.rollback)
 	s.mux.HandleFunc("POST /sandboxes/{id}/merge", s.merge)
+	s.mux.HandleFunc("POST /sandboxes/{id}/assume", s.assume)
 	s.mux.HandleFunc("PUT /sandboxes/{id}/network", s.updateNetwork)
 	s.mux.HandleFunc("GET /sandboxes/{id}/network", s.getNetwork)
 	s.opsRoutes()
@@ -172,6 +173,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	req := sandbox.CreateRequest{ID: mintOf(r.Context()), TemplateID: b.TemplateID, Metadata: stringMap(b.Metadata), Envs: stringMap(b.EnvVars),
 		Limits: limits, OnTimeout: onTimeout(&b), AutoResume: b.AutoResume != nil && apitypes.Value(b.AutoResume.Enabled),
 		AutoPauseFiles: b.AutoPauseMemory != nil && !*b.AutoPauseMemory}
+	if _, ok := sandbox.TeamOf(r.Context()); ok {
+		// A gateway's fork child on another host than its parent's.
+		req.ParentID = r.Header.Get(HeaderForkOf)
+	}
 	if b.Network != nil || b.AllowInternetAccess != nil {
 		n, err := networkPolicy(b.Network, b.AllowInternetAccess)
 		if err != nil {
@@ -195,6 +200,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	s.created(sb)
 	writeJSON(w, http.StatusCreated, s.sandboxJSON(r, sb))
 }
+
+// HeaderForkOf names the parent of a fork child a gateway creates on
+// another host than the parent's (a cluster host heeds it from gateways
+// only; gateways drop Cellfork-* headers from outside).
+const HeaderForkOf = "Cellfork-Fork-Of"
 
 // listedJSON is E2B's ListedSandbox.
 func listedJSON(sb *sandbox.Sandbox) apitypes.ListedSandbox {

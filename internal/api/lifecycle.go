@@ -185,6 +185,22 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.sandboxJSON(r, sb))
 }
 
+// assume serves a gateway's merge across hosts: the child {id} here
+// becomes its parent ?parent=, whose row the gateway moved here. Only a
+// gateway calls it (a cluster host's calls are all a gateway's).
+func (s *Server) assume(w http.ResponseWriter, r *http.Request) {
+	if _, ok := sandbox.TeamOf(r.Context()); !ok {
+		s.fail(w, r, errdefs.New(errdefs.ErrNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
+		return
+	}
+	sb, err := s.m.Assume(r.Context(), r.PathValue("id"), r.URL.Query().Get("parent"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.sandboxJSON(r, sb))
+}
+
 func (s *Server) merge(w http.ResponseWriter, r *http.Request) {
 	var b apitypes.MergeRequest
 	if err := decode(w, r, &b); err != nil {

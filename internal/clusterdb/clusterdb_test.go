@@ -444,3 +444,54 @@ func TestTemplateBuilds(t *testing.T) {
 		t.Errorf("a deleted template's roots are live: %v", roots)
 	}
 }
+
+// TestHandIsACompareAndSwap: a running sandbox's row is handed to another
+// host once per read of it (host and generation), never a paused one, and
+// its old host's next write is stale.
+func TestHandIsACompareAndSwap(t *testing.T) {
+	db := fresh(t)
+	setup(t, db)
+	ctx := context.Background()
+	a, ea, _ := db.Register(ctx, "a", 1, "x:1")
+	b, eb, _ := db.Register(ctx, "b", 1, "x:2")
+	for _, h := range []struct {
+		slot  int
+		epoch int64
+	}{{a, ea}, {b, eb}} {
+		if err := heartbeat(t, db, h.slot, h.epoch, 8192); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := ids.NewSandbox(1, a)
+	s := Sandbox{ID: id, Team: "acme", Region: 1, HostSlot: a, State: "paused", MemoryMB: 512, Doc: json.RawMessage(`{}`)}
+	if err := db.Sync(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	row, _ := db.GetSandbox(ctx, id)
+	if err := db.Hand(ctx, id, a, row.Generation, b); !errors.Is(err, ErrStale) {
+		t.Fatalf("handing a paused sandbox: %v", err)
+	}
+	s.State = "running"
+	if err := db.Sync(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Hand(ctx, id, a, row.Generation+1, b); !errors.Is(err, ErrStale) {
+		t.Fatalf("handing from another generation: %v", err)
+	}
+	if err := db.Hand(ctx, id, a, row.Generation, b); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Hand(ctx, id, a, row.Generation, b); !errors.Is(err, ErrStale) {
+		t.Fatalf("a second hand-over of the same read: %v", err)
+	}
+	if err := db.Sync(ctx, s); !errors.Is(err, ErrStale) {
+		t.Fatalf("the old host's write after the hand-over: %v", err)
+	}
+	moved, err := db.Moved(ctx)
+	if err != nil || moved[id] != b {
+		t.Fatalf("moved map %v, %v", moved, err)
+	}
+	if err := db.Hand(ctx, id, b, row.Generation+1, a); err != nil {
+		t.Fatalf("handing it back: %v", err)
+	}
+}

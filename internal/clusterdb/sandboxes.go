@@ -275,6 +275,23 @@ func (db *DB) Move(ctx context.Context, id string, from int, gen int64, to int, 
 	return unavailable(tx.Commit(ctx))
 }
 
+// Hand moves a running sandbox's row from host from to host to (a merge
+// across hosts: its id goes on in a fork child's box on to): a
+// compare-and-swap on its host and generation, ErrStale when it changed.
+// From then on from's copy is stale (its next row write says so, and it
+// drops the copy).
+func (db *DB) Hand(ctx context.Context, id string, from int, gen int64, to int) error {
+	tag, err := db.pool.Exec(ctx, `UPDATE sandboxes SET host_slot = $4, generation = generation + 1, updated_at = now()
+		WHERE id = $1 AND host_slot = $2 AND generation = $3 AND state = 'running'`, id, from, gen, to)
+	if err != nil {
+		return unavailable(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrStale
+	}
+	return nil
+}
+
 // ListFilter selects a team's sandboxes for a list.
 type ListFilter struct {
 	Team     string

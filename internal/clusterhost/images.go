@@ -37,10 +37,11 @@ func (m *Member) FindSnapshot(ctx context.Context, team, idOrName string) (*sand
 	return sn, nil
 }
 
-// MovedHere returns the record of a paused sandbox the cluster moved to
-// this host (a gateway moved its row here: its host was lost or drained),
-// as its old host published it, with its image's root in the store
-// (manager.Cluster). ErrNotFound if the row does not say so.
+// MovedHere returns the record of a sandbox the cluster moved to this
+// host, as its old host published it (manager.Cluster): a paused one (its
+// host was lost or drained), with its image's root in the store, or a
+// running one (a merge across hosts hands it a child's box here).
+// ErrNotFound if the row does not say so.
 func (m *Member) MovedHere(ctx context.Context, id string) (*sandbox.Sandbox, error) {
 	if m.db == nil {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable; retry later")
@@ -49,10 +50,11 @@ func (m *Member) MovedHere(ctx context.Context, id string) (*sandbox.Sandbox, er
 	if err != nil {
 		return nil, err
 	}
-	if row.HostSlot != m.Slot() || row.State != "paused" || row.StoreRoot == "" {
+	paused := row.State == "paused" && row.StoreRoot != ""
+	if row.HostSlot != m.Slot() || !paused && row.State != "running" {
 		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}
-	if row.Runtime != m.cfg.Runtime {
+	if paused && row.Runtime != m.cfg.Runtime {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q was paused by runtime build %q; this host runs %q", id, row.Runtime, m.cfg.Runtime)
 	}
 	rec, err := store.DecodeSandbox(row.Record)

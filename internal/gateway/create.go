@@ -326,6 +326,9 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.H
 	if err != nil {
 		return false, false
 	}
+	if p := r.Header.Get(api.HeaderForkOf); p != "" { // set by forkElsewhere only: Cellfork-* from outside is stripped
+		out.Header.Set(api.HeaderForkOf, p)
+	}
 	resp, err := g.hostCall(out)
 	if err != nil {
 		g.log.Warn("create failed on a host; trying another", "slot", h.Slot, "err", err)
@@ -512,6 +515,7 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 		rec := httptest.NewRecorder()
 		cr := r.Clone(r.Context())
 		cr.Method, cr.URL.Path = http.MethodPost, "/v2/sandboxes"
+		cr.Header.Set(api.HeaderForkOf, id) // a fork child: a merge takes it back
 		req := placement.Request{Region: row.Region, MemoryMB: mem, Versions: []string{"runsc=" + row.Runtime}, Exclude: map[int]bool{h.Slot: true}}
 		reasons, err := g.place(rec, cr, c, req, cb)
 		if err != nil && !errors.Is(err, errNoHost) {

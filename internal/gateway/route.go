@@ -233,6 +233,9 @@ func (g *Gateway) sandboxOp(w http.ResponseWriter, r *http.Request, c caller) {
 		g.fork(w, r, c, id, h)
 		return
 	}
+	if strings.HasSuffix(r.URL.Path, "/merge") && r.Method == http.MethodPost && g.mergeAcross(w, r, c, id, h) {
+		return
+	}
 	g.forward(w, r, toHost(h.Addr, c.team.ID, ""), g.withDomain(r.Host))
 }
 
@@ -315,26 +318,34 @@ func (g *Gateway) withDomain(host string) func(*http.Response) error {
 		if err != nil {
 			return err
 		}
-		var m map[string]any
-		if json.Unmarshal(body, &m) == nil {
-			if _, ok := m["sandboxID"]; ok {
-				if d := g.view.Load().Region.Domain; d != "" {
-					m["domain"] = d
-				} else if d := api.RequestDomain(host); d != "" {
-					m["domain"] = d
-				} else {
-					m["domain"] = nil
-				}
-				if b, err := json.Marshal(m); err == nil {
-					body = b
-				}
-			}
-		}
+		body = g.domainIn(body, host)
 		resp.Body = io.NopCloser(bytes.NewReader(body))
 		resp.ContentLength = int64(len(body))
 		resp.Header.Set("Content-Length", fmt.Sprint(len(body)))
 		return nil
 	}
+}
+
+// domainIn sets the domain in a sandbox answer's body (withDomain).
+func (g *Gateway) domainIn(body []byte, host string) []byte {
+	var m map[string]any
+	if json.Unmarshal(body, &m) != nil {
+		return body
+	}
+	if _, ok := m["sandboxID"]; !ok {
+		return body
+	}
+	if d := g.view.Load().Region.Domain; d != "" {
+		m["domain"] = d
+	} else if d := api.RequestDomain(host); d != "" {
+		m["domain"] = d
+	} else {
+		m["domain"] = nil
+	}
+	if b, err := json.Marshal(m); err == nil {
+		return b
+	}
+	return body
 }
 
 // hosts serves GET /hosts, the dashboard's view of the cluster: each

@@ -170,7 +170,7 @@ func (m *Manager) Create(ctx context.Context, req sandbox.CreateRequest) (*sandb
 		State: sandbox.StateRunning, StartedAt: now, EndAt: now.Add(req.Timeout),
 		Metadata: orEmpty(req.Metadata), Envs: orEmpty(req.Envs),
 		AccessToken: m.ids.Token(id), OnTimeout: req.OnTimeout, AutoResume: req.AutoResume,
-		AutoPauseFiles: req.AutoPauseFiles, Rootfs: src.rootfs,
+		AutoPauseFiles: req.AutoPauseFiles, Rootfs: src.rootfs, ParentID: req.ParentID,
 	}
 	rec.SetLimits(limits)
 	rec.Network = sandbox.DefaultNetwork

@@ -227,6 +227,59 @@ func (m *Manager) Merge(ctx context.Context, parentID, childID string) (*sandbox
 	return p.record(), nil
 }
 
+// Assume merges a fork child of this host with its parent, which lives on
+// another host of the cluster: the cluster moved the parent's row here
+// (a gateway's merge across hosts), and the parent's id, token and
+// settings now name the child's box, as after a merge on one host; the
+// child's id goes away. The parent's old host drops its copy once it sees
+// its row moved on. No bytes move.
+func (m *Manager) Assume(ctx context.Context, childID, parentID string) (*sandbox.Sandbox, error) {
+	if parentID == childID {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "cannot merge a sandbox into itself")
+	}
+	if m.cluster == nil {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "merging across hosts needs a cluster")
+	}
+	if m.exists(parentID) {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is on this host already: merge it here", parentID)
+	}
+	c, err := m.begin(ctx, childID, "merging it", running)
+	if err != nil {
+		return nil, m.mergeRefusal(err, parentID, childID)
+	}
+	defer c.op.Unlock()
+	if c.rec.ParentID != parentID {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is not a fork child of %q", childID, parentID)
+	}
+	parent, err := m.cluster.MovedHere(ctx, parentID)
+	if err != nil {
+		return nil, err
+	}
+	if parent.Team != c.rec.Team || parent.State != sandbox.StateRunning {
+		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is not a running sandbox of the child's team", parentID)
+	}
+	cb := c.box
+	rec := cloneRecord(parent)
+	rec.RuntimeID, rec.Rootfs, rec.BaseSnapshot = cb.RID, c.rec.Rootfs, ""
+	rec.PausedImage, rec.PausedRoot = "", ""
+	if err := m.boxes.HandOff(ctx, cb, m.handOff(rec)); err != nil {
+		_ = m.boxes.HandOff(context.WithoutCancel(ctx), cb, m.handOff(c.rec)) // the child's identity back
+		return nil, err
+	}
+	if err := m.put(ctx, rec); err != nil {
+		_ = m.boxes.HandOff(context.WithoutCancel(ctx), cb, m.handOff(c.rec))
+		return nil, err
+	}
+	c.update(func() { c.box = nil }) // the parent's now
+	m.forget(c)
+	m.register(newLive(rec, cb))
+	if err := m.st.Delete(ctx, childID); err != nil {
+		m.log.Warn("deleting merged child record", "sandbox.id", childID, "err", err)
+	}
+	m.log.Info("sandbox merged across hosts", "sandbox.id", parentID, "child", childID)
+	return cloneRecord(rec), nil
+}
+
 // mergeRefusal words a refusal of one of merge's sandboxes.
 func (m *Manager) mergeRefusal(err error, parentID, childID string) error {
 	if !errors.Is(err, errdefs.ErrNotFound) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/failpoint"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
@@ -351,7 +352,7 @@ func (o otherHost) MovedHere(ctx context.Context, id string) (*sandbox.Sandbox, 
 		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}
 	rec, err := o.m.st.Get(ctx, id)
-	if err != nil || rec.PausedRoot == "" {
+	if err != nil || rec.PausedRoot == "" && rec.State != sandbox.StateRunning {
 		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}
 	return rec, nil
@@ -473,6 +474,60 @@ func TestPausedSandboxMoves(t *testing.T) {
 	}
 	if m := b.memory(sb.ID); m != "paused-on-a" {
 		t.Errorf("memory %q after the move", m)
+	}
+}
+
+// A merge across hosts: a fork child made on another host than its
+// parent's (ParentID) takes the parent's id, token and settings there,
+// with its own state, once the cluster moved the parent's row to it; the
+// child's id goes away. Before the move, for a sandbox that is not its
+// parent, or when the parent's record cannot be stored, it is refused and
+// the child is left as it was.
+func TestAssumeMergesAcrossHosts(t *testing.T) {
+	a := newEnv(t, nil)
+	b := newEnv(t, nil)
+	b.m.Close()
+	moved := map[string]bool{}
+	b.images, b.cluster = newMemImages(), otherHost{m: a.m, moved: moved}
+	b.start()
+	ctx := context.Background()
+
+	p := a.create(sandbox.CreateRequest{Metadata: map[string]string{"role": "parent"}})
+	a.write(p.ID, "parent")
+	c := b.create(sandbox.CreateRequest{ParentID: p.ID})
+	b.write(c.ID, "child")
+	stranger := b.create(sandbox.CreateRequest{})
+	if _, err := b.m.Assume(ctx, c.ID, p.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("assume before the parent's row moved: %v", err)
+	}
+	moved[p.ID] = true
+	if _, err := b.m.Assume(ctx, stranger.ID, p.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("assume by a sandbox that is not a fork child of it: %v", err)
+	}
+	undo := failpoint.Enable(failpoint.StorePut, func() error { return errors.New("injected") })
+	_, err := b.m.Assume(ctx, c.ID, p.ID)
+	undo()
+	if err == nil {
+		t.Fatal("assume with the store failing succeeded")
+	}
+	if got := b.memory(c.ID); got != "child" {
+		t.Fatalf("the child after a failed assume: %q", got)
+	}
+	got, err := b.m.Assume(ctx, c.ID, p.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != p.ID || got.AccessToken != p.AccessToken || got.Metadata["role"] != "parent" || got.ParentID != "" {
+		t.Errorf("merged record %+v", got)
+	}
+	if m := b.memory(p.ID); m != "child" {
+		t.Errorf("the parent's state after the merge: %q, want the child's", m)
+	}
+	if _, err := b.m.Get(ctx, c.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the child's id after the merge: %v", err)
+	}
+	if _, err := b.m.Assume(ctx, stranger.ID, p.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("assume of a sandbox this host has: %v", err)
 	}
 }
 

@@ -113,9 +113,10 @@ type Cluster interface {
 	// FindSnapshot returns the record of a snapshot of team that another
 	// host took, by id or name: ErrNotFound if there is none.
 	FindSnapshot(ctx context.Context, team, idOrName string) (*sandbox.Snapshot, error)
-	// MovedHere returns the record of a paused sandbox the cluster moved
-	// to this host from another (its PausedRoot names its image in the
-	// store): ErrNotFound if the cluster has none such.
+	// MovedHere returns the record of a sandbox the cluster moved to this
+	// host from another: a paused one (its PausedRoot names its image in
+	// the store), or a running one a merge across hosts hands a child's
+	// box (Assume). ErrNotFound if the cluster has none such.
 	MovedHere(ctx context.Context, id string) (*sandbox.Sandbox, error)
 	// StoreRoots claims this round of the shared chunk store's collection
 	// (one host collects each round, every so often) and returns the

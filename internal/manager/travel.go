@@ -107,7 +107,7 @@ func (m *Manager) adoptMoved(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if !sandbox.Sees(ctx, rec.Team) {
+	if rec.State != sandbox.StatePaused || rec.PausedRoot == "" || !sandbox.Sees(ctx, rec.Team) {
 		return errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}
 	if _, err := os.Stat(rec.Rootfs); err != nil {

@@ -29,6 +29,10 @@ type CreateRequest struct {
 	// AutoPauseFiles: a timeout pause saves the files only (E2B's
 	// autoPauseMemory false). Not with AutoResume.
 	AutoPauseFiles bool
+	// ParentID makes it a fork child of that sandbox: a cluster's fork
+	// child made on another host than its parent's, from the parent's
+	// state (a gateway's; a merge takes it back).
+	ParentID string
 }
 
 // ForkResult is one child of a fork: a sandbox or an error.

@@ -2,9 +2,11 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,7 +14,10 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/chunkstore"
+	"github.com/cellfork/cellfork/internal/clusterauth"
 	"github.com/cellfork/cellfork/internal/clusterdb"
+	"github.com/cellfork/cellfork/internal/ids"
+	"github.com/cellfork/cellfork/test/cluster/harness"
 )
 
 // waitUploaded waits until the snapshot's image is in the cluster's chunk
@@ -292,6 +297,7 @@ func testForkOverflows(t *testing.T) {
 		t.Fatalf("fork(3) answered %d entries: %s", len(results), r.body)
 	}
 	elsewhere := 0
+	var remote sandbox
 	for i, res := range results {
 		if res.Error != nil || res.Sandbox == nil {
 			t.Fatalf("child %d: %+v (%s)", i, res.Error, r.body)
@@ -300,6 +306,7 @@ func testForkOverflows(t *testing.T) {
 		t.Cleanup(func() { do(t, "eu", "DELETE", "/sandboxes/"+child.ID, nil, nil) })
 		if hostOf(t, child).N != a.N {
 			elsewhere++
+			remote = child
 		}
 		if out, status := runCode(t, "eu", child, "print(z)"); out != "from the parent\n" {
 			t.Errorf("child %d (%s): %d %q", i, child.ID, status, out)
@@ -313,6 +320,73 @@ func testForkOverflows(t *testing.T) {
 		var page []map[string]any
 		return jsonOf(do(t, "eu", "GET", "/snapshots?sandboxID="+parent.ID, nil, nil), &page) == nil && len(page) == 0
 	})
+
+	// Merge the child on another host: the parent's id goes on there with
+	// the child's state and the parent's token; no bytes move.
+	b := hostOf(t, remote)
+	var got struct {
+		ParentID string `json:"parentSandboxID"`
+	}
+	if jsonOf(do(t, "eu", "GET", "/sandboxes/"+remote.ID, nil, nil), &got) != nil || got.ParentID != parent.ID {
+		t.Errorf("the child on host %d names parent %q, want %q", b.N, got.ParentID, parent.ID)
+	}
+	if out, _ := runCode(t, "eu", remote, `z = "from the remote child"; print(z)`); out != "from the remote child\n" {
+		t.Fatalf("changing the remote child: %q", out)
+	}
+	r = do(t, "eu", "POST", "/sandboxes/"+parent.ID+"/merge", map[string]any{"sandboxID": remote.ID}, nil)
+	if r.status != 200 || !strings.Contains(r.header.Get("Server-Timing"), "assume;dur=") {
+		t.Fatalf("merge across hosts: %d %s (Server-Timing %q)", r.status, r.body, r.header.Get("Server-Timing"))
+	}
+	t.Logf("merge across hosts (%d into %d): Server-Timing %s", b.N, a.N, r.header.Get("Server-Timing"))
+	var merged sandbox
+	r.json(t, &merged)
+	if merged.ID != parent.ID || merged.Token != parent.Token {
+		t.Errorf("merged answer %+v, want the parent's id and token", merged)
+	}
+	if out, status := runCode(t, "eu", parent, "print(z)"); out != "from the remote child\n" {
+		t.Errorf("the parent after the merge: %d %q", status, out)
+	}
+	if r := do(t, "eu", "GET", "/sandboxes/"+remote.ID, nil, nil); r.status != 404 {
+		t.Errorf("the merged child's id: %d %s", r.status, r.body)
+	}
+	eventually(t, 10*time.Second, "the parent's old host to drop its copy", func() bool {
+		return !hostLists(t, a, parent.ID) && hostLists(t, b, parent.ID)
+	})
+	if r := do(t, "eu", "POST", "/sandboxes/"+parent.ID+"/merge", map[string]any{"sandboxID": remote.ID}, nil); r.status != 404 {
+		t.Errorf("merging the gone child again: %d %s", r.status, r.body)
+	}
+}
+
+// hostLists reports whether host h runs sandbox id (asked directly, as a
+// gateway asks).
+func hostLists(t *testing.T, h *harness.Host, id string) bool {
+	t.Helper()
+	db, err := clusterdb.Open(context.Background(), c.PG.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	secrets, err := db.EnsureSecrets(context.Background(), ids.RandomKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest("GET", "http://"+h.Addr+"/v2/sandboxes?state=running,paused&limit=1000", nil)
+	clusterauth.Sign(req, secrets.Internal, c.Team, "", time.Now())
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("listing host %d: %v", h.N, err)
+	}
+	defer resp.Body.Close()
+	var list []struct {
+		ID string `json:"sandboxID"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&list)
+	for _, s := range list {
+		if s.ID == id {
+			return true
+		}
+	}
+	return false
 }
 
 // testStoreOutage: the S3 server stops while a paused sandbox's image

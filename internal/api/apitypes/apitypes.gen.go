@@ -1066,6 +1066,9 @@ type TemplateID = string
 // BadRequest E2B error body of the control plane.
 type BadRequest = Error
 
+// Conflict E2B error body of the control plane.
+type Conflict = Error
+
 // InternalError E2B error body of the control plane.
 type InternalError = Error
 
@@ -1149,6 +1152,12 @@ type ListSandboxesParamsOrder string
 type GetSandboxesMetricsParams struct {
 	// SandboxIds Comma-separated sandbox ids, at most 100.
 	SandboxIds []string `form:"sandbox_ids" json:"sandbox_ids"`
+}
+
+// AssumeParentParams defines parameters for AssumeParent.
+type AssumeParentParams struct {
+	// Parent The fork parent, which lives on another host of the cluster.
+	Parent string `form:"parent" json:"parent"`
 }
 
 // GetSandboxMetricsParams defines parameters for GetSandboxMetrics.
