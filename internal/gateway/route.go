@@ -216,6 +216,10 @@ func (g *Gateway) checkOld(r *http.Request, port int, id string, tokens *ids.Tok
 // sandboxOp forwards an operation on one sandbox to its host, for the
 // caller's team (the host answers 404 for another team's).
 func (g *Gateway) sandboxOp(w http.ResponseWriter, r *http.Request, c caller) {
+	if strings.HasSuffix(r.URL.Path, "/assume") { // a gateway's call to a host, never a client's
+		api.Fail(g.log, w, r, errdefs.New(errdefs.ErrNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
+		return
+	}
 	id := sandboxInPath(r.URL.Path)
 	h, err := g.hostOf(id)
 	if err != nil {

@@ -163,6 +163,7 @@ func testAuthAtTheEdge(t *testing.T) {
 		{"bad check character, control plane", "GET", "/sandboxes/" + bad, nil, 404},
 		{"malformed id", "GET", "/sandboxes/../../etc", nil, 404},
 		{"forbidden region", "POST", "/v2/sandboxes", map[string]string{"X-API-KEY": strings.TrimSpace(closedKey), "X-Cellfork-Region": "eu"}, 403},
+		{"a host's internal merge call", "POST", "/sandboxes/" + sb.ID + "/assume?parent=" + other.ID, nil, 404},
 	} {
 		r := do(t, "eu", tc.method, tc.path, map[string]any{"templateID": "base", "code": "1"}, tc.headers)
 		if r.status != tc.want {
