@@ -23,6 +23,9 @@ import (
 //     superseded or deleted builds) stay as cache for LayerTTL after their
 //     last use, or until the disk cap needs their room, oldest first.
 //   - Uploaded files stay for LayerTTL after their last use.
+//   - A build pulled from the cluster (shared.go) stays while a sandbox or
+//     snapshot runs on its root, and for LayerTTL after its last create;
+//     the next create pulls it again.
 //
 // Roots are hard links to layer files, so removing a layer frees only what
 // no root still links.
@@ -57,6 +60,44 @@ func (s *Service) collectLoop() {
 // disk cap), taken from the least recently used unreferenced layers.
 func (s *Service) collect(ctx context.Context) {
 	s.collectLayers(ctx, s.cfg.LayerTTL, 0)
+	s.collectPulled(ctx, s.cfg.LayerTTL)
+}
+
+// collectPulled removes the pulled builds unused for maxAge (the mtime of
+// their artifact.json is their last create) that nothing runs on.
+func (s *Service) collectPulled(ctx context.Context, maxAge time.Duration) {
+	ents, _ := os.ReadDir(filepath.Join(s.cfg.Dir, "pulled"))
+	if len(ents) == 0 {
+		return
+	}
+	inUse, err := s.cfg.Pool.RootfsInUse(ctx)
+	if err != nil {
+		return
+	}
+	cutoff := time.Now().Add(-maxAge)
+	for _, e := range ents {
+		dir := s.pulledDir(e.Name())
+		fi, err := os.Stat(filepath.Join(dir, "artifact.json"))
+		switch {
+		case err != nil && strings.Contains(e.Name(), ".tmp-"):
+			if info, ierr := e.Info(); ierr == nil && info.ModTime().Before(cutoff) {
+				_ = os.RemoveAll(dir) // a pull a crash cut short
+			}
+			continue
+		case err != nil || fi.ModTime().After(cutoff) || inUse[filepath.Join(dir, "rootfs")]:
+			continue
+		}
+		aside := dir + ".gone-" + newTemplateID()[:6]
+		s.pulledMu.Lock()
+		fi, err = os.Stat(filepath.Join(dir, "artifact.json"))
+		gone := err == nil && fi.ModTime().Before(cutoff) && os.Rename(dir, aside) == nil
+		s.pulledMu.Unlock()
+		if gone {
+			s.cfg.Pool.UnwarmCustom(e.Name())
+			_ = os.RemoveAll(aside)
+			s.log.Info("pulled template removed (unused)", "build.id", e.Name())
+		}
+	}
 }
 
 func (s *Service) collectLayers(ctx context.Context, maxAge time.Duration, need int64) int64 {

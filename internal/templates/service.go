@@ -113,6 +113,7 @@ type Service struct {
 	layerRoots map[string]string // guarded by mu: layers put in the chunk store
 	syncMu     sync.Mutex        // one syncShared at a time
 	pulls      singleflight.Group
+	pulledMu   sync.Mutex // a pulled build's use against its collection
 }
 
 // Open loads the records in cfg.Dir. Builds that a previous daemon left

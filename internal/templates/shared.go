@@ -213,7 +213,14 @@ func (s *Service) pulledDir(buildID string) string {
 func (s *Service) pull(ctx context.Context, a Artifact) (Resolved, error) {
 	dir := s.pulledDir(a.BuildID)
 	r := Resolved{Key: a.BuildID, Rootfs: filepath.Join(dir, "rootfs"), Image: filepath.Join(dir, "image"), Limits: a.Limits}
-	if _, err := os.Stat(filepath.Join(dir, "artifact.json")); err == nil {
+	s.pulledMu.Lock()
+	_, err := os.Stat(filepath.Join(dir, "artifact.json"))
+	if err == nil {
+		now := time.Now()
+		_ = os.Chtimes(filepath.Join(dir, "artifact.json"), now, now) // its last use (collectPulled)
+	}
+	s.pulledMu.Unlock()
+	if err == nil {
 		return r, nil
 	}
 	key, err := s.cfg.Builder.WarmKey(a.Spec, a.Context, a.Limits)

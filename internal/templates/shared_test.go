@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
@@ -208,6 +209,25 @@ func TestSharedTemplates(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(filepath.Join(odd.cfg.Dir, "pulled")); len(ents) != 0 {
 		t.Errorf("a refused pull left %d entries", len(ents))
+	}
+
+	// Unused past the TTL and with nothing running on it, a pulled build
+	// goes; in use, it stays.
+	pulled := host.pulledDir(b.ID)
+	hostPool.use(filepath.Join(pulled, "rootfs"), true)
+	old := time.Now().Add(-2 * host.cfg.LayerTTL)
+	os.Chtimes(filepath.Join(pulled, "artifact.json"), old, old)
+	host.collectPulled(context.Background(), host.cfg.LayerTTL)
+	if _, err := os.Stat(pulled); err != nil {
+		t.Fatalf("a pulled build in use was removed: %v", err)
+	}
+	hostPool.use(filepath.Join(pulled, "rootfs"), false)
+	host.collectPulled(context.Background(), host.cfg.LayerTTL)
+	if _, err := os.Stat(pulled); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("an unused pulled build stays: %v", err)
+	}
+	if _, err := host.ResolveTemplate(acme, "web"); err != nil {
+		t.Fatalf("pulling it again: %v", err)
 	}
 
 	if err := builder.Delete(acme, "web"); err != nil {
