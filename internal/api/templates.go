@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
+	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/template"
 	"github.com/cellfork/cellfork/internal/templates"
 	"github.com/cellfork/cellfork/internal/templates/build"
@@ -459,7 +460,11 @@ func (s *Server) uploadTemplateFile(w http.ResponseWriter, r *http.Request) {
 	ctx := context.Background()
 	if !s.signedUpload(r) {
 		var msg string
-		if ctx, msg = s.cfg.Auth.Control(r); msg != "" {
+		ctx, msg = s.cfg.Auth.Control(r)
+		if team, ok := sandbox.TeamOf(ctx); ok && team == "" && msg == "" {
+			msg = "no team" // a gateway passing on a link it could not check
+		}
+		if msg != "" {
 			writeError(w, requestID(w), http.StatusUnauthorized, "upload link missing, expired or not signed by this daemon: ask GET /templates/{templateID}/files/{hash} for a new one")
 			return
 		}
