@@ -24,6 +24,9 @@ import (
 //	checkpoint.img, pages_meta.img, pages.img   what the sentry wrote
 //	image.json      {"id": its own id, "bases": [ids of the images it references]}
 //	base-<id>.img   each of those images' pages file
+//	pages-working-set.txt   the pages the first restore of it wrote first,
+//	                which later restores load up front (written by runsc
+//	                and the sentry, patches/gvisor: working-set)
 //
 // which `runsc restore` (patched) passes to the sentry. A base is a hard
 // link to the pages file it names when they share a filesystem (it costs
