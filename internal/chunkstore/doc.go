@@ -51,7 +51,10 @@
 // of 80. Reading one reads and verifies its bases (at most maxBaseDepth
 // manifests in a chain; an export over a base at the limit is written
 // flat), and a collection keeps every base of a manifest it keeps.
-// Version 1 manifests are read as before, and Export still writes them.
+// Version 1 manifests are read as before, and Export still writes them
+// unless it is given a base: ExportOver names one; with Options.Immutable,
+// after ExportBase of a template's warm image, Export writes every image
+// that holds one of its files by identity (a base-*.img) over it.
 //
 // # Reads are verified
 //

@@ -30,7 +30,9 @@ type where struct {
 // It uploads the chunks the store lacks, then the manifest; on any error
 // (the store down after retries, ctx cancelled) no manifest is written.
 // Exporting the same bytes with the same meta again uploads nothing and
-// gives the same root. Phases: export.chunk (read, cut, hash, fill the
+// gives the same root. With Options.Immutable, an image that holds a file
+// of an image ExportBase exported (by identity) is written over that
+// image's manifest. Phases: export.chunk (read, cut, hash, fill the
 // cache), export.check, export.upload, export.manifest.
 func (s *Store) Export(ctx context.Context, dir string, meta map[string]string) (st Stats, err error) {
 	return s.ExportOver(ctx, dir, meta, Hash{})
@@ -89,6 +91,9 @@ func (s *Store) ExportOver(ctx context.Context, dir string, meta map[string]stri
 		m.Files = append(m.Files, f)
 	}
 	phase("export.chunk", tc)
+	if base == (Hash{}) {
+		base = s.baseFor(dir, names)
+	}
 	var bm *Manifest
 	if base != (Hash{}) {
 		bm, err = s.Manifest(ctx, base)

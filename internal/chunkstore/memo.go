@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
 )
 
 // fileID is what identifies a file's contents under Options.Immutable:
@@ -22,6 +24,10 @@ type fileID struct {
 type remembered struct {
 	file  File
 	paths []string
+	// The manifest ExportBase wrote of an image that holds this file, and
+	// that image's directory.
+	root    Hash
+	rootDir string
 }
 
 // maxNames bounds the names kept per remembered file.
@@ -186,4 +192,62 @@ func (s *Store) Remember(ctx context.Context, dir string) error {
 		s.keep(path, before, f, false)
 	}
 	return nil
+}
+
+// baseFor returns the manifest an export of the image dir (its files
+// names) is written over: the one ExportBase noted for a file it holds by
+// identity (a base-*.img linked to a template's warm pages), if another
+// image's; zero for none.
+func (s *Store) baseFor(dir string, names []string) Hash {
+	if !s.immutable {
+		return Hash{}
+	}
+	s.memoMu.Lock()
+	defer s.memoMu.Unlock()
+	for _, name := range names {
+		id, ok := identify(filepath.Join(dir, name))
+		if !ok {
+			continue
+		}
+		if r, ok := s.memo[id]; ok && r.root != (Hash{}) && r.rootDir != dir {
+			return r.root
+		}
+	}
+	return Hash{}
+}
+
+// ExportBase exports the image directory dir flat (Immutable only) and
+// notes its manifest as the base of later exports of images that hold one
+// of its files by identity (hard links): a template's warm image, whose
+// pages every snapshot and paused sandbox of the template holds as its
+// base-*.img. Their manifests are then a few KB instead of 80 (base.go).
+// The caller keeps its root live for as long as the image stays: a
+// collection drops it once nothing live is over it, and exports are then
+// flat again until the next ExportBase.
+func (s *Store) ExportBase(ctx context.Context, dir string, meta map[string]string) (Stats, error) {
+	if !s.immutable {
+		return Stats{}, errdefs.New(errdefs.ErrFailedPrecondition, "exporting a base needs Options.Immutable")
+	}
+	if err := s.Remember(ctx, dir); err != nil {
+		return Stats{}, err
+	}
+	names, err := imageFiles(dir)
+	if err != nil {
+		return Stats{}, err
+	}
+	st, err := s.ExportOver(ctx, dir, meta, Hash{})
+	if err != nil {
+		return st, err
+	}
+	s.memoMu.Lock()
+	defer s.memoMu.Unlock()
+	for _, name := range names {
+		if id, ok := identify(filepath.Join(dir, name)); ok {
+			if r, ok := s.memo[id]; ok {
+				r.root, r.rootDir = st.Root, dir
+				s.memo[id] = r
+			}
+		}
+	}
+	return st, nil
 }
