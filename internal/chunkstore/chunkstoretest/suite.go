@@ -35,6 +35,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) chunkstore.Backend) {
 	t.Run("GCAgainstExport", func(t *testing.T) { testGCAgainstExport(t, newBackend(t)) })
 	t.Run("Base", func(t *testing.T) { testBase(t, newBackend(t)) })
 	t.Run("BaseChain", func(t *testing.T) { testBaseChain(t, newBackend(t)) })
+	t.Run("GCAgainstExportOverBase", func(t *testing.T) { testGCAgainstExportOverBase(t, newBackend(t)) })
 }
 
 // Small images: a few hundred KiB each, so the suite stays quick.
@@ -620,6 +621,44 @@ func testGCAgainstExport(t *testing.T, b chunkstore.Backend) {
 		t.Fatalf("the export's image after gc: %v", err)
 	}
 	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "out"))
+}
+
+// testGCAgainstExportOverBase runs an export over a base that no live
+// manifest names (a collection's candidate, with its chunks) between the
+// collection's mark and its sweep: the collection must keep the base and
+// its chunks for the export's manifest.
+func testGCAgainstExportOverBase(t *testing.T, b chunkstore.Backend) {
+	dir := t.TempDir()
+	imgA.Write(t, filepath.Join(dir, "a"))
+	derive(t, filepath.Join(dir, "a"), filepath.Join(dir, "d"), 0x11, 4096*30)
+	plain, _ := NewStore(t, b, false)
+	base, err := plain.Export(ctx(t), filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var over chunkstore.Stats
+	h := &hooked{Backend: b, prefix: "chunks/", onList: func() {
+		var err error
+		if over, err = plain.ExportOver(ctx(t), filepath.Join(dir, "d"), nil, base.Root); err != nil {
+			t.Error(err)
+		}
+	}}
+	s, _ := NewStore(t, h, false)
+	none := chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return nil, nil })
+	st, err := s.GC(ctx(t), none, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if over.Base != base.Root {
+		t.Fatalf("the export between mark and sweep: %s, over %s", &over, over.Base)
+	}
+	if st.DeletedManifests != 0 || st.DeletedChunks != 0 || st.LiveManifests != 2 {
+		t.Fatalf("gc against an export over a base: %+v", st)
+	}
+	if _, err := plain.Import(ctx(t), over.Root, filepath.Join(dir, "out")); err != nil {
+		t.Fatalf("the export's image after gc: %v", err)
+	}
+	Equal(t, filepath.Join(dir, "d"), filepath.Join(dir, "out"))
 }
 
 // testLinkFiles: with Options.LinkFiles, a second import of the same image
