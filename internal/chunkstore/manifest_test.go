@@ -113,11 +113,32 @@ func FuzzDecode(f *testing.F) {
 	b, _, _ := sampleManifest().Encode()
 	f.Add(b)
 	f.Add([]byte(`{"version":1}`))
+	base := sampleManifest()
+	_, baseRoot, _ := base.Encode()
+	over, _, _ := derived().EncodeOver(base, baseRoot)
+	f.Add(over)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := Decode(b, Sum(b))
 		if err != nil {
 			if !errors.Is(err, errdefs.ErrCorrupt) {
 				t.Fatalf("a bad manifest is not ErrCorrupt: %v", err)
+			}
+			return
+		}
+		if m.Base != (Hash{}) {
+			// Over a base: resolved against the sample, every file's
+			// chunks add up to its size, or it is refused.
+			if m.resolve(base) != nil {
+				return
+			}
+			for _, f := range m.Files {
+				var n int64
+				for _, c := range f.Chunks {
+					n += int64(c.Size)
+				}
+				if n != f.Size {
+					t.Fatalf("resolved file %q: chunks add up to %d, size %d", f.Name, n, f.Size)
+				}
 			}
 			return
 		}
