@@ -31,8 +31,9 @@ type where struct {
 // (the store down after retries, ctx cancelled) no manifest is written.
 // Exporting the same bytes with the same meta again uploads nothing and
 // gives the same root. With Options.Immutable, an image that holds a file
-// of an image ExportBase exported (by identity) is written over that
-// image's manifest. Phases: export.chunk (read, cut, hash, fill the
+// of an image noted as a base (NoteBase, ExportBase) by identity is
+// written over that image's manifest (the base exported first if the store
+// lacks it). Phases: export.chunk (read, cut, hash, fill the
 // cache), export.check, export.upload, export.manifest.
 func (s *Store) Export(ctx context.Context, dir string, meta map[string]string) (st Stats, err error) {
 	return s.ExportOver(ctx, dir, meta, Hash{})
@@ -92,7 +93,28 @@ func (s *Store) ExportOver(ctx context.Context, dir string, meta map[string]stri
 	}
 	phase("export.chunk", tc)
 	if base == (Hash{}) {
-		base = s.baseFor(dir, names)
+		// A noted base this image holds a file of: exported first if it
+		// never was, or was collected.
+		if b, ok := s.baseFor(dir, names); ok {
+			found := b.root != (Hash{})
+			if found {
+				if found, err = s.HasManifest(ctx, b.root); err != nil {
+					return st, fmt.Errorf("checking base %s: %w", b.root, err)
+				}
+			}
+			if !found {
+				bst, err := s.exportBase(ctx, b)
+				switch {
+				case err == nil:
+					b.root = bst.Root
+				case ctx.Err() != nil, errors.Is(err, errdefs.ErrUnavailable):
+					return st, fmt.Errorf("exporting its base %s: %w", b.dir, err)
+				default:
+					b.root = Hash{} // the base image is gone or changed: flat
+				}
+			}
+			base = b.root
+		}
 	}
 	var bm *Manifest
 	if base != (Hash{}) {

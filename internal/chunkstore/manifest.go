@@ -182,7 +182,8 @@ func (m *Manifest) encode(base *Manifest, baseRoot Hash) ([]byte, Hash, error) {
 // Decode reads a manifest in canonical form and checks that it hashes to
 // root (ErrCorrupt otherwise). Bytes that hash right but do not describe a
 // valid manifest are ErrCorrupt too: the store holds something no Encode
-// wrote.
+// wrote. A manifest over a base comes back unresolved: Base set, its Files
+// without chunks; Store.Manifest reads its bases and resolves it.
 func Decode(b []byte, root Hash) (*Manifest, error) {
 	if err := verify("manifest", root, b); err != nil {
 		return nil, err

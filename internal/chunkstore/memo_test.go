@@ -257,11 +257,65 @@ func TestExportBase(t *testing.T) {
 		t.Fatal(err)
 	}
 	chunkstoretest.Equal(t, c, out)
-	// The base collected (nothing over it live): exports are flat again.
+	// The base collected (nothing over it live): the next export exports
+	// it again, then itself over it.
 	if _, err := s.GC(ctx, chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return nil, nil }), 0); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := s.Export(ctx, a, nil); err != nil || st.Base != (chunkstore.Hash{}) {
-		t.Fatalf("export after its base was collected: %v, over %s", err, st.Base)
+	if st, err := s.Export(ctx, a, nil); err != nil || st.Base != base.Root {
+		t.Fatalf("export after its base was collected: %v, over %s, want %s", err, st.Base, base.Root)
 	}
+	// The base image gone: flat.
+	if _, err := s.GC(ctx, chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return nil, nil }), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(warm); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Export(ctx, c, nil); err != nil || st.Base != (chunkstore.Hash{}) {
+		t.Fatalf("export after its base image was deleted: %v, over %s", err, st.Base)
+	}
+}
+
+// NoteBase stores nothing: the first export of an image over the noted
+// base exports the base first.
+func TestNoteBase(t *testing.T) {
+	ctx := context.Background()
+	tmp := t.TempDir()
+	b, err := chunkstore.OpenFile(filepath.Join(tmp, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := chunkstore.New(b, chunkstore.Options{Immutable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm := filepath.Join(tmp, "warm")
+	chunkstoretest.Image{Seed: 1, Pool: 1, Pages: 600}.Write(t, warm)
+	a := filepath.Join(tmp, "a")
+	chunkstoretest.Image{Seed: 2, Pool: 1, Pages: 20}.Write(t, a)
+	if err := os.Link(filepath.Join(warm, "pages.img"), filepath.Join(a, "base-1.img")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.NoteBase(ctx, warm, map[string]string{"kind": "warm-image"}); err != nil {
+		t.Fatal(err)
+	}
+	var objects int
+	b.List(ctx, "", func(chunkstore.Object) error { objects++; return nil })
+	if objects != 0 {
+		t.Fatalf("NoteBase stored %d objects", objects)
+	}
+	st, err := s.Export(ctx, a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.Manifest(ctx, st.Base)
+	if err != nil || m.Meta["kind"] != "warm-image" {
+		t.Fatalf("the base of the first export: %v, %+v", err, m)
+	}
+	out := filepath.Join(tmp, "a-imported")
+	if _, err := s.Import(ctx, st.Root, out); err != nil {
+		t.Fatal(err)
+	}
+	chunkstoretest.Equal(t, a, out)
 }
