@@ -41,6 +41,21 @@
 // accepts only canonical bytes, so a root names exactly one manifest.
 // Metadata is the caller's (the template artifact, the runsc build).
 //
+// # Manifests over a base
+//
+// ExportOver writes a manifest over another, its base (version 2, a
+// "base" root after "hash"): each file as runs of the base's chunks
+// (file, first chunk, count) and the chunks the base lacks (base.go). A
+// suspended sandbox restored from a template's warm image shares all but a
+// few per cent of its chunks with it, so its manifest is a few KB instead
+// of 80. Reading one reads and verifies its bases (at most maxBaseDepth
+// manifests in a chain; an export over a base at the limit is written
+// flat), and a collection keeps every base of a manifest it keeps.
+// Version 1 manifests are read as before, and Export still writes them
+// unless it is given a base: ExportOver names one; with Options.Immutable,
+// after ExportBase of a template's warm image, Export writes every image
+// that holds one of its files by identity (a base-*.img) over it.
+//
 // # Reads are verified
 //
 // Every chunk is hashed when it is read, from the store or from the cache,

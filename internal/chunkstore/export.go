@@ -30,9 +30,23 @@ type where struct {
 // It uploads the chunks the store lacks, then the manifest; on any error
 // (the store down after retries, ctx cancelled) no manifest is written.
 // Exporting the same bytes with the same meta again uploads nothing and
-// gives the same root. Phases: export.chunk (read, cut, hash, fill the
+// gives the same root. With Options.Immutable, an image that holds a file
+// of an image noted as a base (NoteBase, ExportBase) by identity is
+// written over that image's manifest (the base exported first if the store
+// lacks it). Phases: export.chunk (read, cut, hash, fill the
 // cache), export.check, export.upload, export.manifest.
 func (s *Store) Export(ctx context.Context, dir string, meta map[string]string) (st Stats, err error) {
+	return s.ExportOver(ctx, dir, meta, Hash{})
+}
+
+// ExportOver is Export writing the manifest over the manifest base names
+// (zero for none; base.go): the image's files as runs of the base's chunks
+// and the chunks it lacks, so a manifest of an image restored from the
+// base is a few KB. The existence check asks only about the chunks the
+// base lacks (a stored manifest's chunks are stored). When the store does
+// not hold base (collected), or base already has maxBaseDepth-1 bases
+// under it, the manifest is written flat; Stats.Base says which.
+func (s *Store) ExportOver(ctx context.Context, dir string, meta map[string]string, base Hash) (st Stats, err error) {
 	t0 := time.Now()
 	defer func() {
 		st.Duration = time.Since(t0)
@@ -78,11 +92,53 @@ func (s *Store) Export(ctx context.Context, dir string, meta map[string]string) 
 		m.Files = append(m.Files, f)
 	}
 	phase("export.chunk", tc)
-	body, root, err := m.Encode()
+	if base == (Hash{}) {
+		// A noted base this image holds a file of: exported first if it
+		// never was, or was collected.
+		if b, ok := s.baseFor(dir, names); ok {
+			found := b.root != (Hash{})
+			if found {
+				if found, err = s.HasManifest(ctx, b.root); err != nil {
+					return st, fmt.Errorf("checking base %s: %w", b.root, err)
+				}
+			}
+			if !found {
+				bst, err := s.exportBase(ctx, b)
+				switch {
+				case err == nil:
+					b.root = bst.Root
+				case ctx.Err() != nil, errors.Is(err, errdefs.ErrUnavailable):
+					return st, fmt.Errorf("exporting its base %s: %w", b.dir, err)
+				default:
+					b.root = Hash{} // the base image is gone or changed: flat
+				}
+			}
+			base = b.root
+		}
+	}
+	var bm *Manifest
+	if base != (Hash{}) {
+		bm, err = s.Manifest(ctx, base)
+		switch {
+		case isNotFound(err):
+			bm = nil
+		case err != nil:
+			return st, fmt.Errorf("reading base %s: %w", base, err)
+		case bm.depth+1 >= maxBaseDepth:
+			bm = nil
+		}
+	}
+	encode := func() ([]byte, Hash, error) {
+		if bm == nil {
+			return m.Encode()
+		}
+		return m.EncodeOver(bm, base)
+	}
+	body, root, err := encode()
 	if err != nil {
 		return st, err
 	}
-	st.Root, st.Files, st.Bytes, st.Distinct = root, len(m.Files), m.Bytes(), len(locs)
+	st.Files, st.Bytes, st.Distinct = len(m.Files), m.Bytes(), len(locs)
 
 	// From the existence check to the manifest, GC must not sweep: a chunk
 	// found present now must still be there when the manifest names it.
@@ -92,10 +148,36 @@ func (s *Store) Export(ctx context.Context, dir string, meta map[string]string) 
 	}
 	defer unlock()
 	tk := time.Now()
+	// The base must still be there (a collection may have taken it before
+	// the lock was ours); then its chunks are, until the lock is released.
+	inBase := map[Hash]bool{}
+	if bm != nil {
+		found, err := s.b.Has(held, []string{ManifestKey(base)})
+		if err != nil {
+			return st, fmt.Errorf("checking base %s: %w", base, err)
+		}
+		if found[0] {
+			for _, h := range bm.Hashes() {
+				inBase[h] = true
+			}
+		} else {
+			bm = nil
+			if body, root, err = encode(); err != nil {
+				return st, err
+			}
+		}
+	}
+	if bm != nil {
+		st.Base = base
+	}
+	st.Root, st.ManifestBytes = root, len(body)
 	hashes := m.Hashes()
 	known, err := s.knownSince(held, hashes)
 	if err != nil {
 		return st, err
+	}
+	for i, h := range hashes {
+		known[i] = known[i] || inBase[h]
 	}
 	s.knownMu.Lock()
 	epoch := s.knownEpoch

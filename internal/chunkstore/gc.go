@@ -3,12 +3,15 @@ package chunkstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
 )
 
 // Roots lists the manifests that are live: the single host's snapshots and
@@ -93,8 +96,9 @@ func (s *Store) GC(ctx context.Context, roots Roots, grace time.Duration) (st GC
 		}
 	}
 	marked := make(map[Hash]bool)
+	kept := make(map[Hash]bool) // manifests, with the bases of those kept
 	var mu sync.Mutex
-	if err := s.mark(ctx, keep, marked, &mu); err != nil {
+	if err := s.mark(ctx, keep, kept, marked, &mu); err != nil {
 		return st, err
 	}
 	var candidates []Object
@@ -136,10 +140,16 @@ func (s *Store) GC(ctx context.Context, roots Roots, grace time.Duration) (st GC
 	}); err != nil {
 		return st, err
 	}
-	if err := s.mark(held, late, marked, &mu); err != nil {
+	if err := s.mark(held, late, kept, marked, &mu); err != nil {
 		return st, err
 	}
-	st.LiveManifests = len(keep) + len(late)
+	st.LiveManifests = len(kept)
+	// A manifest that is neither live nor young stays while a kept one is
+	// over it.
+	drop = slices.DeleteFunc(drop, func(o Object) bool {
+		r, err := ParseHash(strings.TrimPrefix(o.Key, "manifests/"))
+		return err == nil && kept[r]
+	})
 
 	// A new epoch before anything goes: every store's known set is void.
 	if err := s.b.Put(held, epochKey, []byte(randomHex(16))); err != nil {
@@ -196,36 +206,55 @@ func (s *Store) GC(ctx context.Context, roots Roots, grace time.Duration) (st GC
 	return st, err
 }
 
-// mark reads the manifests (in parallel, verified) and marks their chunks.
-// A kept manifest that cannot be read stops the collection: its chunks
-// would otherwise be swept.
-func (s *Store) mark(ctx context.Context, roots []Hash, marked map[Hash]bool, mu *sync.Mutex) error {
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(s.parallel)
-	for _, r := range roots {
-		g.Go(func() error {
-			b, err := s.b.Get(gctx, ManifestKey(r))
-			if err != nil {
-				if isNotFound(err) {
-					return nil // deleted meanwhile
-				}
-				return fmt.Errorf("reading manifest %s: %w", r, err)
+// mark reads the manifests (in parallel, verified), marks the chunks they
+// list and adds them to kept, then does the same for their bases not yet
+// kept, and theirs. A kept manifest that cannot be read stops the
+// collection: its chunks would otherwise be swept. (A manifest is not
+// resolved here: the chunks it copies are its base's, marked with it.)
+func (s *Store) mark(ctx context.Context, roots []Hash, kept, marked map[Hash]bool, mu *sync.Mutex) error {
+	for depth := 0; len(roots) > 0; depth++ {
+		if depth > maxBaseDepth {
+			return fmt.Errorf("manifests over one another more than %d deep: %w", maxBaseDepth, errdefs.ErrCorrupt)
+		}
+		var bases []Hash
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(s.parallel)
+		for _, r := range roots {
+			if kept[r] {
+				continue
 			}
-			m, err := Decode(b, r)
-			if err != nil {
-				return err
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, f := range m.Files {
-				for _, c := range f.Chunks {
-					if !c.Zero {
-						marked[c.Hash] = true
+			kept[r] = true
+			g.Go(func() error {
+				b, err := s.b.Get(gctx, ManifestKey(r))
+				if err != nil {
+					if isNotFound(err) {
+						// Deleted meanwhile; or a base that is gone,
+						// which leaves the manifests over it unreadable
+						// but must not stop every collection.
+						return nil
 					}
+					return fmt.Errorf("reading manifest %s: %w", r, err)
 				}
-			}
-			return nil
-		})
+				m, err := Decode(b, r)
+				if err != nil {
+					return err
+				}
+				hashes := m.ownHashes()
+				mu.Lock()
+				defer mu.Unlock()
+				for _, h := range hashes {
+					marked[h] = true
+				}
+				if m.Base != (Hash{}) {
+					bases = append(bases, m.Base)
+				}
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return err
+		}
+		roots = bases
 	}
-	return g.Wait()
+	return nil
 }

@@ -16,7 +16,9 @@ import (
 // Limits on what a manifest may describe. They bound what a manifest read
 // from the store can make a reader allocate.
 const (
-	manifestVersion  = 1
+	manifestVersion  = 1 // a full chunk list per file
+	baseVersion      = 2 // over a base manifest (base.go)
+	maxBaseDepth     = 8 // manifests under one, its base's bases included
 	maxManifestBytes = 64 << 20
 	maxFiles         = 1024
 	maxChunkSize     = 16 << 20
@@ -30,6 +32,13 @@ type Manifest struct {
 	Chunking Chunking
 	Files    []File            // sorted by Name
 	Meta     map[string]string // the caller's (template artifact, runsc build)
+	// Base is the root of the manifest this one was encoded over, zero for
+	// none (base.go). Files always lists every chunk once the manifest is
+	// resolved; Store.Manifest resolves it.
+	Base Hash
+
+	depth int    // manifests under this one (0: no base)
+	ops   [][]op // per file, until resolved: what Decode read of a manifest over a base
 }
 
 // File is one regular file of an image directory.
@@ -85,6 +94,7 @@ func (m *Manifest) Hashes() []Hash {
 type wireManifest struct {
 	Version  int               `json:"version"`
 	Hash     string            `json:"hash"`
+	Base     string            `json:"base,omitempty"`
 	Chunking Chunking          `json:"chunking"`
 	Files    []wireFile        `json:"files"`
 	Meta     map[string]string `json:"meta"`
@@ -100,10 +110,42 @@ type wireFile struct {
 // Encode returns the manifest's canonical encoding and its root (the hash
 // of that encoding). It fails with ErrInvalidArgument on a manifest that
 // Decode would refuse.
+// The encoding lists every chunk of every file (version 1); EncodeOver
+// writes one over a base.
 func (m *Manifest) Encode() ([]byte, Hash, error) {
+	return m.encode(nil, Hash{})
+}
+
+// EncodeOver returns the manifest's encoding over base (resolved, as
+// Store.Manifest returns it), whose root is baseRoot: each file as runs of
+// base's chunks and the chunks base lacks. The result's root is another
+// than Encode's; both describe the same image.
+func (m *Manifest) EncodeOver(base *Manifest, baseRoot Hash) ([]byte, Hash, error) {
+	if base == nil {
+		return nil, Hash{}, errdefs.New(errdefs.ErrInvalidArgument, "manifest: no base")
+	}
+	return m.encode(base, baseRoot)
+}
+
+// encode writes the manifest flat (base nil) or over base, whose root is
+// baseRoot and which must be resolved.
+func (m *Manifest) encode(base *Manifest, baseRoot Hash) ([]byte, Hash, error) {
 	w := wireManifest{Version: manifestVersion, Hash: HashAlg, Chunking: m.Chunking, Files: []wireFile{}, Meta: m.Meta}
 	if w.Meta == nil {
 		w.Meta = map[string]string{}
+	}
+	if m.ops != nil {
+		return nil, Hash{}, errdefs.New(errdefs.ErrInvalidArgument, "manifest: not resolved over its base %s", m.Base)
+	}
+	var idx baseIndex
+	if base != nil {
+		if base.ops != nil {
+			return nil, Hash{}, errdefs.New(errdefs.ErrInvalidArgument, "manifest: base %s not resolved", baseRoot)
+		}
+		if base.depth+1 >= maxBaseDepth {
+			return nil, Hash{}, errdefs.New(errdefs.ErrInvalidArgument, "manifest: base %s has %d bases under it, at most %d", baseRoot, base.depth, maxBaseDepth-1)
+		}
+		w.Version, w.Base, idx = baseVersion, baseRoot.String(), indexBase(base)
 	}
 	for _, f := range m.Files {
 		var total int64
@@ -116,7 +158,13 @@ func (m *Manifest) Encode() ([]byte, Hash, error) {
 		if total != f.Size {
 			return nil, Hash{}, errdefs.New(errdefs.ErrInvalidArgument, "manifest: file %q: chunks add up to %d, its size is %d", f.Name, total, f.Size)
 		}
-		w.Files = append(w.Files, wireFile{Name: f.Name, Size: f.Size, Mode: uint32(f.Mode), Chunks: encodeChunks(f.Chunks)})
+		chunks := ""
+		if base != nil {
+			chunks = encodeOps(diff(f.Chunks, base, idx))
+		} else {
+			chunks = encodeChunks(f.Chunks)
+		}
+		w.Files = append(w.Files, wireFile{Name: f.Name, Size: f.Size, Mode: uint32(f.Mode), Chunks: chunks})
 	}
 	if err := w.validate(); err != nil {
 		return nil, Hash{}, err
@@ -134,7 +182,8 @@ func (m *Manifest) Encode() ([]byte, Hash, error) {
 // Decode reads a manifest in canonical form and checks that it hashes to
 // root (ErrCorrupt otherwise). Bytes that hash right but do not describe a
 // valid manifest are ErrCorrupt too: the store holds something no Encode
-// wrote.
+// wrote. A manifest over a base comes back unresolved: Base set, its Files
+// without chunks; Store.Manifest reads its bases and resolves it.
 func Decode(b []byte, root Hash) (*Manifest, error) {
 	if err := verify("manifest", root, b); err != nil {
 		return nil, err
@@ -160,7 +209,20 @@ func decode(b []byte) (*Manifest, error) {
 		return nil, err
 	}
 	m := &Manifest{Chunking: w.Chunking, Meta: w.Meta}
-	for _, wf := range w.Files {
+	if w.Version == baseVersion {
+		m.Base, _ = ParseHash(w.Base) // validate checked it
+		m.ops = make([][]op, len(w.Files))
+	}
+	for i, wf := range w.Files {
+		if m.ops != nil {
+			ops, err := decodeOps(wf.Chunks, wf.Size)
+			if err != nil {
+				return nil, fmt.Errorf("file %q: %w", wf.Name, err)
+			}
+			m.ops[i] = ops
+			m.Files = append(m.Files, File{Name: wf.Name, Size: wf.Size, Mode: fs.FileMode(wf.Mode)})
+			continue
+		}
 		cs, err := decodeChunks(wf.Chunks, wf.Size)
 		if err != nil {
 			return nil, fmt.Errorf("file %q: %w", wf.Name, err)
@@ -179,8 +241,17 @@ func (w *wireManifest) validate() error {
 	bad := func(format string, args ...any) error {
 		return errdefs.New(errdefs.ErrInvalidArgument, "manifest: "+format, args...)
 	}
-	if w.Version != manifestVersion {
-		return bad("version %d, want %d", w.Version, manifestVersion)
+	switch w.Version {
+	case manifestVersion:
+		if w.Base != "" {
+			return bad("a base in a version %d manifest", w.Version)
+		}
+	case baseVersion:
+		if h, err := ParseHash(w.Base); err != nil || h.String() != w.Base {
+			return bad("base %q: want a root in lower-case hex", w.Base)
+		}
+	default:
+		return bad("version %d, want %d or %d", w.Version, manifestVersion, baseVersion)
 	}
 	if w.Hash != HashAlg {
 		return bad("hash %q, want %q", w.Hash, HashAlg)
@@ -215,7 +286,12 @@ func ValidName(name string) error {
 }
 
 func encodeChunks(cs []Chunk) string {
-	b := make([]byte, 0, len(cs)*(binary.MaxVarintLen64+len(Hash{})))
+	return base64.StdEncoding.EncodeToString(appendChunks(make([]byte, 0, len(cs)*(binary.MaxVarintLen64+len(Hash{}))), cs))
+}
+
+// appendChunks appends a chunk list's binary form: per chunk,
+// uvarint(size<<1 | zero), then the hash unless zero.
+func appendChunks(b []byte, cs []Chunk) []byte {
 	for _, c := range cs {
 		v := uint64(c.Size) << 1
 		if c.Zero {
@@ -225,7 +301,28 @@ func encodeChunks(cs []Chunk) string {
 		b = binary.AppendUvarint(b, v)
 		b = append(b, c.Hash[:]...)
 	}
-	return base64.StdEncoding.EncodeToString(b)
+	return b
+}
+
+// readChunk reads one chunk of a list's binary form and its length.
+func readChunk(b []byte) (Chunk, int, error) {
+	// The shortest encoding only, so that one list has one string.
+	v, n, err := uvarint(b)
+	if err != nil {
+		return Chunk{}, 0, fmt.Errorf("chunk size: %w", err)
+	}
+	c := Chunk{Size: int(v >> 1), Zero: v&1 == 1}
+	if v>>1 == 0 || v>>1 > maxChunkSize {
+		return Chunk{}, 0, fmt.Errorf("chunk of %d bytes (1 to %d)", v>>1, maxChunkSize)
+	}
+	if !c.Zero {
+		if len(b) < n+len(c.Hash) {
+			return Chunk{}, 0, fmt.Errorf("chunk list cut short")
+		}
+		copy(c.Hash[:], b[n:])
+		n += len(c.Hash)
+	}
+	return c, n, nil
 }
 
 func decodeChunks(s string, size int64) ([]Chunk, error) {
@@ -236,26 +333,11 @@ func decodeChunks(s string, size int64) ([]Chunk, error) {
 	var cs []Chunk
 	var total int64
 	for len(b) > 0 {
-		v, n := binary.Uvarint(b)
-		if n <= 0 {
-			return nil, fmt.Errorf("bad chunk size")
+		c, n, err := readChunk(b)
+		if err != nil {
+			return nil, err
 		}
 		b = b[n:]
-		// The shortest encoding only, so that one list has one string.
-		if n != len(binary.AppendUvarint(nil, v)) {
-			return nil, fmt.Errorf("chunk size not minimally encoded")
-		}
-		c := Chunk{Size: int(v >> 1), Zero: v&1 == 1}
-		if c.Size <= 0 || c.Size > maxChunkSize {
-			return nil, fmt.Errorf("chunk of %d bytes (1 to %d)", c.Size, maxChunkSize)
-		}
-		if !c.Zero {
-			if len(b) < len(c.Hash) {
-				return nil, fmt.Errorf("chunk list cut short")
-			}
-			copy(c.Hash[:], b)
-			b = b[len(c.Hash):]
-		}
 		total += int64(c.Size)
 		if total > size {
 			return nil, fmt.Errorf("chunks add up to more than its size %d", size)

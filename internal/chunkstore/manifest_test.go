@@ -2,8 +2,12 @@ package chunkstore
 
 import (
 	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
@@ -109,6 +113,10 @@ func FuzzDecode(f *testing.F) {
 	b, _, _ := sampleManifest().Encode()
 	f.Add(b)
 	f.Add([]byte(`{"version":1}`))
+	base := sampleManifest()
+	_, baseRoot, _ := base.Encode()
+	over, _, _ := derived().EncodeOver(base, baseRoot)
+	f.Add(over)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := Decode(b, Sum(b))
 		if err != nil {
@@ -117,9 +125,135 @@ func FuzzDecode(f *testing.F) {
 			}
 			return
 		}
+		if m.Base != (Hash{}) {
+			// Over a base: resolved against the sample, every file's
+			// chunks add up to its size, or it is refused.
+			if m.resolve(base) != nil {
+				return
+			}
+			for _, f := range m.Files {
+				var n int64
+				for _, c := range f.Chunks {
+					n += int64(c.Size)
+				}
+				if n != f.Size {
+					t.Fatalf("resolved file %q: chunks add up to %d, size %d", f.Name, n, f.Size)
+				}
+			}
+			return
+		}
 		again, root, err := m.Encode()
 		if err != nil || root != Sum(b) || !bytes.Equal(again, b) {
 			t.Fatalf("a manifest Decode accepted does not encode back: %v", err)
 		}
 	})
+}
+
+// derived is sampleManifest with checkpoint.img changed and pages.img's
+// last chunk replaced: most of it is a copy of the sample's.
+func derived() *Manifest {
+	m := sampleManifest()
+	m.Files = append([]File(nil), m.Files...)
+	m.Files[0] = File{Name: "checkpoint.img", Size: 10, Mode: 0o644, Chunks: []Chunk{{Size: 10, Hash: Sum([]byte("9876543210"))}}}
+	pages := m.Files[2]
+	pages.Chunks = append(append([]Chunk(nil), pages.Chunks[:2]...), Chunk{Size: 50000, Hash: Sum([]byte("c"))})
+	m.Files[2] = pages
+	m.Meta = map[string]string{"sandbox": "x"}
+	return m
+}
+
+func TestManifestOverBase(t *testing.T) {
+	base := sampleManifest()
+	_, baseRoot, err := base.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := derived()
+	b, root, err := m.EncodeOver(base, baseRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat, flatRoot, _ := m.Encode()
+	if root == flatRoot || !bytes.Contains(b, []byte(`"version":2,"hash":"blake3-256","base":"`+baseRoot.String()+`"`)) {
+		t.Fatalf("encoding over a base:\n%s", b)
+	}
+	got, err := Decode(b, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Base != baseRoot || got.ops == nil {
+		t.Fatalf("decoded base %s, ops %v", got.Base, got.ops)
+	}
+	// Before it is resolved it names only the chunks it lists.
+	if own := got.ownHashes(); len(own) != 2 {
+		t.Fatalf("own chunks %v, want checkpoint.img's and pages.img's last", own)
+	}
+	if err := got.resolve(base); err != nil {
+		t.Fatal(err)
+	}
+	again, _, _ := got.Encode()
+	if !bytes.Equal(again, flat) || got.depth != 1 {
+		t.Fatalf("resolved manifest differs from the one encoded:\n%s\n%s", again, flat)
+	}
+	// Resolved against another base of the right shape but other chunks,
+	// the sizes still add up, so only the root catches a wrong base: the
+	// store reads a base by its root.
+	other := derived()
+	other.Files[2].Chunks = other.Files[2].Chunks[:1]
+	other.Files[2].Size = 100000
+	bad, _ := Decode(b, root)
+	if err := bad.resolve(other); err == nil {
+		t.Fatal("resolved over a base that lacks the chunks it copies")
+	}
+}
+
+func TestManifestOverBaseRefusesBadOnes(t *testing.T) {
+	base := sampleManifest()
+	_, baseRoot, _ := base.Encode()
+	b, _, err := derived().EncodeOver(base, baseRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w wireManifest
+	if err := json.Unmarshal(b, &w); err != nil {
+		t.Fatal(err)
+	}
+	ops := func(parts ...[]byte) string { return base64.StdEncoding.EncodeToString(bytes.Join(parts, nil)) }
+	h := Sum([]byte("c"))
+	list := append(binary.AppendUvarint([]byte{1 << 1}, 50000<<1), h[:]...)
+	for name, change := range map[string]func(w *wireManifest){
+		"v1 with a base":  func(w *wireManifest) { w.Version = 1 },
+		"v2 without":      func(w *wireManifest) { w.Base = "" },
+		"upper-case base": func(w *wireManifest) { w.Base = strings.ToUpper(w.Base) },
+		"two lists":       func(w *wireManifest) { w.Files[2].Chunks = ops([]byte{2<<1 | 1, 2, 0}, list, list) },
+		"empty copy":      func(w *wireManifest) { w.Files[2].Chunks = ops([]byte{0<<1 | 1, 2, 0}) },
+		"long varint":     func(w *wireManifest) { w.Files[2].Chunks = ops([]byte{2<<1 | 1 | 0x80, 0, 2, 0}, list) },
+		"cut short":       func(w *wireManifest) { w.Files[2].Chunks = ops([]byte{2<<1 | 1, 2}) },
+	} {
+		w2 := w
+		w2.Files = append([]wireFile(nil), w.Files...)
+		change(&w2)
+		raw, _ := json.Marshal(w2)
+		if _, err := Decode(raw, Sum(raw)); !errors.Is(err, errdefs.ErrCorrupt) {
+			t.Errorf("%s: %v, want ErrCorrupt", name, err)
+		}
+	}
+	// Well formed, but copying past the end of the base's file.
+	w2 := w
+	w2.Files = append([]wireFile(nil), w.Files...)
+	w2.Files[2].Chunks = ops([]byte{3<<1 | 1, 2, 1})
+	raw, _ := json.Marshal(w2)
+	m, err := Decode(raw, Sum(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.resolve(base); err == nil {
+		t.Fatal("resolved a copy past the end of its base's file")
+	}
+	// A base at the depth limit is refused.
+	deep := sampleManifest()
+	deep.depth = maxBaseDepth - 1
+	if _, _, err := derived().EncodeOver(deep, baseRoot); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("encoding over a base at the depth limit: %v", err)
+	}
 }

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
+
+	"github.com/cellfork/cellfork/internal/errdefs"
 )
 
 // fileID is what identifies a file's contents under Options.Immutable:
@@ -22,6 +24,8 @@ type fileID struct {
 type remembered struct {
 	file  File
 	paths []string
+	// The base (NoteBase) that holds this file, if it is one's.
+	base *base
 }
 
 // maxNames bounds the names kept per remembered file.
@@ -186,4 +190,91 @@ func (s *Store) Remember(ctx context.Context, dir string) error {
 		s.keep(path, before, f, false)
 	}
 	return nil
+}
+
+// base is an image noted as the base of later exports (NoteBase): its
+// directory, the metadata to export it with, and the root of its last
+// export (zero before the first).
+type base struct {
+	dir  string
+	meta map[string]string
+	root Hash
+}
+
+// baseFor returns the base an export of the image dir (its files names)
+// is written over: the one noted for a file it holds by identity (a
+// base-*.img linked to a template's warm pages), if another image's.
+func (s *Store) baseFor(dir string, names []string) (base, bool) {
+	if !s.immutable {
+		return base{}, false
+	}
+	s.memoMu.Lock()
+	defer s.memoMu.Unlock()
+	for _, name := range names {
+		id, ok := identify(filepath.Join(dir, name))
+		if !ok {
+			continue
+		}
+		if r, ok := s.memo[id]; ok && r.base != nil && r.base.dir != dir {
+			return *r.base, true
+		}
+	}
+	return base{}, false
+}
+
+// NoteBase remembers the image directory dir (Remember) and notes it as
+// the base of later exports of images that hold one of its files by
+// identity (hard links): a template's warm image, whose pages every
+// snapshot and paused sandbox of the template holds as its base-*.img
+// (Immutable only). Nothing is stored yet: the first such export exports
+// dir (flat, with meta) before it, and so does any export that finds
+// its manifest collected (a collection drops it once no live manifest is
+// over it). Their manifests are then a few KB instead of 80 (base.go).
+func (s *Store) NoteBase(ctx context.Context, dir string, meta map[string]string) error {
+	if !s.immutable {
+		return errdefs.New(errdefs.ErrFailedPrecondition, "noting a base needs Options.Immutable")
+	}
+	if err := s.Remember(ctx, dir); err != nil {
+		return err
+	}
+	s.setBase(dir, base{dir: dir, meta: meta})
+	return nil
+}
+
+// setBase notes b for the remembered files of dir.
+func (s *Store) setBase(dir string, b base) {
+	names, err := imageFiles(dir)
+	if err != nil {
+		return
+	}
+	s.memoMu.Lock()
+	defer s.memoMu.Unlock()
+	for _, name := range names {
+		if id, ok := identify(filepath.Join(dir, name)); ok {
+			if r, ok := s.memo[id]; ok {
+				r.base = &b
+				s.memo[id] = r
+			}
+		}
+	}
+}
+
+// ExportBase is NoteBase, then an export of dir now; it returns that
+// export's Stats.
+func (s *Store) ExportBase(ctx context.Context, dir string, meta map[string]string) (Stats, error) {
+	if err := s.NoteBase(ctx, dir, meta); err != nil {
+		return Stats{}, err
+	}
+	return s.exportBase(ctx, base{dir: dir, meta: meta})
+}
+
+// exportBase exports the noted base b (flat) and notes its root.
+func (s *Store) exportBase(ctx context.Context, b base) (Stats, error) {
+	st, err := s.ExportOver(ctx, b.dir, b.meta, Hash{})
+	if err != nil {
+		return st, err
+	}
+	b.root = st.Root
+	s.setBase(b.dir, b)
+	return st, nil
 }

@@ -193,3 +193,129 @@ func TestRememberLocalImage(t *testing.T) {
 	}
 	t.Logf("changed copy: %s", &imp)
 }
+
+// After ExportBase of a template's warm image, an export of an image that
+// holds one of its files by identity (a base-*.img) is written over the
+// warm image's manifest: a few KB, imported byte for byte, its base kept
+// by a collection while it lives. An image that holds none is flat.
+func TestExportBase(t *testing.T) {
+	ctx := context.Background()
+	tmp := t.TempDir()
+	b, err := chunkstore.OpenFile(filepath.Join(tmp, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := chunkstore.New(b, chunkstore.Options{Immutable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm := filepath.Join(tmp, "warm")
+	chunkstoretest.Image{Seed: 1, Pool: 1, Pages: 1200}.Write(t, warm)
+	image := func(name string, seed uint64) string {
+		dir := filepath.Join(tmp, name)
+		chunkstoretest.Image{Seed: seed, Pool: 1, Pages: 20}.Write(t, dir)
+		if err := os.Link(filepath.Join(warm, "pages.img"), filepath.Join(dir, "base-1.img")); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	a, c := image("a", 2), image("c", 3)
+	other := filepath.Join(tmp, "other")
+	chunkstoretest.Image{Seed: 4, Pool: 2, Pages: 50}.Write(t, other)
+	base, err := s.ExportBase(ctx, warm, map[string]string{"image": "warm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var roots []chunkstore.Hash
+	for _, dir := range []string{a, c} {
+		st, err := s.Export(ctx, dir, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Base != base.Root || st.ManifestBytes*3 > base.ManifestBytes {
+			t.Fatalf("%s: %s (%d bytes of manifest, over %s); warm %d bytes", dir, &st, st.ManifestBytes, st.Base, base.ManifestBytes)
+		}
+		again, err := s.Export(ctx, dir, nil)
+		if err != nil || again.Root != st.Root {
+			t.Fatalf("%s again: %v, root %s, want %s", dir, err, again.Root, st.Root)
+		}
+		roots = append(roots, st.Root)
+	}
+	if st, err := s.Export(ctx, other, nil); err != nil || st.Base != (chunkstore.Hash{}) {
+		t.Fatalf("an image that shares no file: %v, over %s", err, st.Base)
+	}
+	gs, err := s.GC(ctx, chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return roots[1:], nil }), 0)
+	if err != nil || gs.DeletedManifests != 2 || gs.LiveManifests != 2 {
+		t.Fatalf("gc keeping c: %v %+v", err, gs)
+	}
+	plain, err := chunkstore.New(b, chunkstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(tmp, "c-imported")
+	if _, err := plain.Import(ctx, roots[1], out); err != nil {
+		t.Fatal(err)
+	}
+	chunkstoretest.Equal(t, c, out)
+	// The base collected (nothing over it live): the next export exports
+	// it again, then itself over it.
+	if _, err := s.GC(ctx, chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return nil, nil }), 0); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Export(ctx, a, nil); err != nil || st.Base != base.Root {
+		t.Fatalf("export after its base was collected: %v, over %s, want %s", err, st.Base, base.Root)
+	}
+	// The base image gone: flat.
+	if _, err := s.GC(ctx, chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return nil, nil }), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(warm); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Export(ctx, c, nil); err != nil || st.Base != (chunkstore.Hash{}) {
+		t.Fatalf("export after its base image was deleted: %v, over %s", err, st.Base)
+	}
+}
+
+// NoteBase stores nothing: the first export of an image over the noted
+// base exports the base first.
+func TestNoteBase(t *testing.T) {
+	ctx := context.Background()
+	tmp := t.TempDir()
+	b, err := chunkstore.OpenFile(filepath.Join(tmp, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := chunkstore.New(b, chunkstore.Options{Immutable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm := filepath.Join(tmp, "warm")
+	chunkstoretest.Image{Seed: 1, Pool: 1, Pages: 600}.Write(t, warm)
+	a := filepath.Join(tmp, "a")
+	chunkstoretest.Image{Seed: 2, Pool: 1, Pages: 20}.Write(t, a)
+	if err := os.Link(filepath.Join(warm, "pages.img"), filepath.Join(a, "base-1.img")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.NoteBase(ctx, warm, map[string]string{"kind": "warm-image"}); err != nil {
+		t.Fatal(err)
+	}
+	var objects int
+	b.List(ctx, "", func(chunkstore.Object) error { objects++; return nil })
+	if objects != 0 {
+		t.Fatalf("NoteBase stored %d objects", objects)
+	}
+	st, err := s.Export(ctx, a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.Manifest(ctx, st.Base)
+	if err != nil || m.Meta["kind"] != "warm-image" {
+		t.Fatalf("the base of the first export: %v, %+v", err, m)
+	}
+	out := filepath.Join(tmp, "a-imported")
+	if _, err := s.Import(ctx, st.Root, out); err != nil {
+		t.Fatal(err)
+	}
+	chunkstoretest.Equal(t, a, out)
+}

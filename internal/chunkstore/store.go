@@ -186,12 +186,16 @@ func (s *Store) String() string { return s.b.String() }
 
 // Stats describe one Export or Import.
 type Stats struct {
-	Root       Hash
-	Files      int
-	Bytes      int64 // the image's size
-	Chunks     int   // chunks in the manifest, zero chunks included
-	ZeroChunks int
-	Distinct   int // distinct stored chunks
+	Root Hash
+	// Export: the base the manifest was written over (zero: none, or the
+	// base asked for was not in the store), and the manifest's size.
+	Base          Hash
+	ManifestBytes int
+	Files         int
+	Bytes         int64 // the image's size
+	Chunks        int   // chunks in the manifest, zero chunks included
+	ZeroChunks    int
+	Distinct      int // distinct stored chunks
 	// Export: distinct chunks the store already had. Import: distinct
 	// chunks found (and verified) in the cache.
 	Present int
@@ -240,8 +244,33 @@ func (s *Store) report(op, phase string, done, total int64) {
 }
 
 // Manifest reads and verifies the manifest root names, from the cache if
-// it holds it.
+// it holds it, and resolves it over its bases (read and verified too).
 func (s *Store) Manifest(ctx context.Context, root Hash) (*Manifest, error) {
+	return s.manifest(ctx, root, 0)
+}
+
+// manifest is Manifest for a manifest depth manifests above the one asked
+// for (its bases are read with depth+1).
+func (s *Store) manifest(ctx context.Context, root Hash, depth int) (*Manifest, error) {
+	m, err := s.readManifest(ctx, root)
+	if err != nil || m.ops == nil {
+		return m, err
+	}
+	if depth+1 >= maxBaseDepth {
+		return nil, fmt.Errorf("manifest %s: more than %d manifests over one another: %w", root, maxBaseDepth, errdefs.ErrCorrupt)
+	}
+	base, err := s.manifest(ctx, m.Base, depth+1)
+	if err != nil {
+		return nil, fmt.Errorf("reading the base of manifest %s: %w", root, err)
+	}
+	if err := m.resolve(base); err != nil {
+		return nil, fmt.Errorf("manifest %s over %s: %v: %w", root, m.Base, err, errdefs.ErrCorrupt)
+	}
+	return m, nil
+}
+
+// readManifest reads and verifies one manifest, not resolved.
+func (s *Store) readManifest(ctx context.Context, root Hash) (*Manifest, error) {
 	key := ManifestKey(root)
 	if s.cache != nil {
 		if b, ok := s.cache.read(key, nil); ok {

@@ -76,7 +76,7 @@ func openImages(ctx context.Context, c StoreConfig, dataDir string, log *slog.Lo
 	if err != nil {
 		return nil, "", fmt.Errorf("opening the chunk store: %w", err)
 	}
-	return chunkImages{s, log}, s.String(), nil
+	return chunkImages{s: s, log: log}, s.String(), nil
 }
 
 // chunkImages is the manager's ImageStore over a chunk store.
@@ -134,4 +134,21 @@ func (c chunkImages) GC(ctx context.Context, live []string, grace time.Duration)
 	return st.BytesFreed, nil
 }
 
-func (c chunkImages) Remember(ctx context.Context, dir string) error { return c.s.Remember(ctx, dir) }
+// Remember notes a template's warm image for imports, and as the base of
+// later uploads (NoteBase): a snapshot or paused sandbox of the template
+// is then a manifest of a few KB over the warm image's, which the first
+// such upload stores (and any upload after a collection dropped it, once
+// nothing live was over it).
+func (c chunkImages) Remember(ctx context.Context, dir string) error {
+	return c.s.NoteBase(ctx, dir, map[string]string{"kind": "warm-image"})
+}
+
+// exportBase exports dir now and notes it as a base (ExportBase).
+func (c chunkImages) exportBase(ctx context.Context, dir, kind string) (string, error) {
+	st, err := c.s.ExportBase(ctx, dir, map[string]string{"kind": kind})
+	if err != nil {
+		return "", err
+	}
+	c.log.Debug("image exported as a base", "dir", dir, "stats", st.String())
+	return st.Root.String(), nil
+}

@@ -65,6 +65,11 @@ func (s sharedTemplates) GetLayer(ctx context.Context, root string, read func(io
 }
 
 func (s sharedTemplates) PutImage(ctx context.Context, dir string) (string, error) {
+	// A chunk store exports it as a base: the snapshots and paused
+	// sandboxes of the template are written over it.
+	if c, ok := s.images.(chunkImages); ok {
+		return c.exportBase(ctx, dir, "template-image")
+	}
 	root, _, err := s.images.Export(ctx, dir, map[string]string{"kind": "template-image"})
 	return root, err
 }

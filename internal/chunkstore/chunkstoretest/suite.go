@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,9 @@ func Run(t *testing.T, newBackend func(t *testing.T) chunkstore.Backend) {
 	t.Run("LinkFiles", func(t *testing.T) { testLinkFiles(t, newBackend(t)) })
 	t.Run("GC", func(t *testing.T) { testGC(t, newBackend(t)) })
 	t.Run("GCAgainstExport", func(t *testing.T) { testGCAgainstExport(t, newBackend(t)) })
+	t.Run("Base", func(t *testing.T) { testBase(t, newBackend(t)) })
+	t.Run("BaseChain", func(t *testing.T) { testBaseChain(t, newBackend(t)) })
+	t.Run("GCAgainstExportOverBase", func(t *testing.T) { testGCAgainstExportOverBase(t, newBackend(t)) })
 }
 
 // Small images: a few hundred KiB each, so the suite stays quick.
@@ -619,6 +623,44 @@ func testGCAgainstExport(t *testing.T, b chunkstore.Backend) {
 	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "out"))
 }
 
+// testGCAgainstExportOverBase runs an export over a base that no live
+// manifest names (a collection's candidate, with its chunks) between the
+// collection's mark and its sweep: the collection must keep the base and
+// its chunks for the export's manifest.
+func testGCAgainstExportOverBase(t *testing.T, b chunkstore.Backend) {
+	dir := t.TempDir()
+	imgA.Write(t, filepath.Join(dir, "a"))
+	derive(t, filepath.Join(dir, "a"), filepath.Join(dir, "d"), 0x11, 4096*30)
+	plain, _ := NewStore(t, b, false)
+	base, err := plain.Export(ctx(t), filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var over chunkstore.Stats
+	h := &hooked{Backend: b, prefix: "chunks/", onList: func() {
+		var err error
+		if over, err = plain.ExportOver(ctx(t), filepath.Join(dir, "d"), nil, base.Root); err != nil {
+			t.Error(err)
+		}
+	}}
+	s, _ := NewStore(t, h, false)
+	none := chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return nil, nil })
+	st, err := s.GC(ctx(t), none, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if over.Base != base.Root {
+		t.Fatalf("the export between mark and sweep: %s, over %s", &over, over.Base)
+	}
+	if st.DeletedManifests != 0 || st.DeletedChunks != 0 || st.LiveManifests != 2 {
+		t.Fatalf("gc against an export over a base: %+v", st)
+	}
+	if _, err := plain.Import(ctx(t), over.Root, filepath.Join(dir, "out")); err != nil {
+		t.Fatalf("the export's image after gc: %v", err)
+	}
+	Equal(t, filepath.Join(dir, "d"), filepath.Join(dir, "out"))
+}
+
 // testLinkFiles: with Options.LinkFiles, a second import of the same image
 // hard-links its large files from the cache instead of writing them.
 func testLinkFiles(t *testing.T, b chunkstore.Backend) {
@@ -666,4 +708,197 @@ func equalBoth(t *testing.T, dir string) {
 	t.Helper()
 	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "one"))
 	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "two"))
+}
+
+// derive copies the image src to dst with n bytes changed at each of the
+// offsets of pages.img and one at the start of checkpoint.img: a sandbox
+// restored from src that changed a little.
+func derive(t *testing.T, src, dst string, seed byte, offsets ...int64) {
+	t.Helper()
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch e.Name() {
+		case "pages.img":
+			for _, off := range offsets {
+				for i := range int64(64) {
+					b[off+i] ^= seed
+				}
+			}
+		case "checkpoint.img":
+			b[0] ^= seed
+		}
+		if err := os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// testBase checks manifests over a base: small, imported byte-exact (over a
+// chain of bases too), kept by a collection as long as a manifest over them
+// is, refused when the base is corrupt, written flat when the base is gone.
+func testBase(t *testing.T, b chunkstore.Backend) {
+	dir := t.TempDir()
+	s, _ := NewStore(t, b, true)
+	imgA.Write(t, filepath.Join(dir, "a"))
+	derive(t, filepath.Join(dir, "a"), filepath.Join(dir, "d"), 0x5a, 4096*10, 4096*200)
+	derive(t, filepath.Join(dir, "d"), filepath.Join(dir, "d2"), 0xa5, 4096*50)
+	base, err := s.Export(ctx(t), filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if base.Base != (chunkstore.Hash{}) {
+		t.Fatalf("a flat export has a base: %s", &base)
+	}
+	st, err := s.ExportOver(ctx(t), filepath.Join(dir, "d"), map[string]string{"k": "v"}, base.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.Manifest(ctx(t), st.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat, _, err := m.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Base != base.Root || m.Base != base.Root || st.ManifestBytes*3 > len(flat) {
+		t.Fatalf("export over a base: %s, %d bytes (flat %d), manifest base %s", &st, st.ManifestBytes, len(flat), m.Base)
+	}
+	// It asked the store only about chunks the base lacks, and uploaded
+	// only those.
+	if st.Asked >= st.Distinct/2 || st.Transferred == 0 || st.Transferred > st.Asked {
+		t.Fatalf("export over a base asked about %d and uploaded %d of %d chunks", st.Asked, st.Transferred, st.Distinct)
+	}
+	st2, err := s.ExportOver(ctx(t), filepath.Join(dir, "d2"), nil, st.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st2.Base != st.Root {
+		t.Fatalf("export over d: %s", &st2)
+	}
+	cold, _ := NewStore(t, b, false)
+	for n, r := range map[string]chunkstore.Hash{"d": st.Root, "d2": st2.Root} {
+		out := filepath.Join(dir, "out-"+n)
+		if _, err := cold.Import(ctx(t), r, out); err != nil {
+			t.Fatal(err)
+		}
+		Equal(t, filepath.Join(dir, n), out)
+		os.RemoveAll(out)
+	}
+
+	// A collection that keeps only d2 keeps d and a, its bases, and their
+	// chunks.
+	only := func(roots ...chunkstore.Hash) chunkstore.Roots {
+		return chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return roots, nil })
+	}
+	gst, err := s.GC(ctx(t), only(st2.Root), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gst.DeletedManifests != 0 || gst.LiveManifests != 3 {
+		t.Fatalf("gc keeping d2: %+v", gst)
+	}
+	for n, r := range map[string]chunkstore.Hash{"a": base.Root, "d": st.Root, "d2": st2.Root} {
+		out := filepath.Join(dir, "gc-"+n)
+		if _, err := cold.Import(ctx(t), r, out); err != nil {
+			t.Fatalf("%s after a gc that kept d2: %v", n, err)
+		}
+		Equal(t, filepath.Join(dir, n), out)
+		os.RemoveAll(out)
+	}
+
+	// A corrupt base: the manifest over it is not imported.
+	good, err := b.Get(ctx(t), chunkstore.ManifestKey(base.Root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := bytes.Replace(good, []byte(`"version":1`), []byte(`"version":3`), 1)
+	if err := b.Put(ctx(t), chunkstore.ManifestKey(base.Root), bad); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cold.Import(ctx(t), st2.Root, filepath.Join(dir, "bad")); !errors.Is(err, errdefs.ErrCorrupt) {
+		t.Fatalf("import over a corrupt base: %v, want ErrCorrupt", err)
+	}
+	// A base that is gone: not found, and an export over it is flat.
+	if err := b.Delete(ctx(t), chunkstore.ManifestKey(base.Root)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cold.Import(ctx(t), st.Root, filepath.Join(dir, "bad")); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("import over a missing base: %v, want ErrNotFound", err)
+	}
+	noLeftovers(t, dir, "a", "d", "d2")
+	flatSt, err := cold.ExportOver(ctx(t), filepath.Join(dir, "d"), nil, base.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if flatSt.Base != (chunkstore.Hash{}) {
+		t.Fatalf("export over a missing base: %s", &flatSt)
+	}
+	if _, err := cold.Import(ctx(t), flatSt.Root, filepath.Join(dir, "flat")); err != nil {
+		t.Fatal(err)
+	}
+	Equal(t, filepath.Join(dir, "d"), filepath.Join(dir, "flat"))
+	if err := b.Put(ctx(t), chunkstore.ManifestKey(base.Root), good); err != nil {
+		t.Fatal(err)
+	}
+
+	// Nothing live: bases go with the rest.
+	if _, err := s.GC(ctx(t), only(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := count(t, b, "manifests/"); n != 0 {
+		t.Fatalf("%d manifests left with none live", n)
+	}
+	if n, _ := count(t, b, "chunks/"); n != 0 {
+		t.Fatalf("%d chunks left with none live", n)
+	}
+}
+
+// testBaseChain exports a chain of images, each over the one before: past
+// the depth limit an export is written flat, and every one imports.
+func testBaseChain(t *testing.T, b chunkstore.Backend) {
+	dir := t.TempDir()
+	s, _ := NewStore(t, b, false)
+	prev := filepath.Join(dir, "0")
+	imgB.Write(t, prev)
+	st, err := s.Export(ctx(t), prev, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := []chunkstore.Hash{st.Root}
+	flat := 0
+	for i := 1; i <= 10; i++ {
+		cur := filepath.Join(dir, strconv.Itoa(i))
+		derive(t, prev, cur, byte(i), int64(4096*i))
+		st, err := s.ExportOver(ctx(t), cur, nil, roots[i-1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Base == (chunkstore.Hash{}) {
+			flat++
+		}
+		roots, prev = append(roots, st.Root), cur
+	}
+	// 0 flat, 1..7 over the one before, 8 flat (7 had 7 under it), 9 and
+	// 10 over it.
+	if flat != 1 {
+		t.Fatalf("%d of 10 exports over the one before were flat, want 1 (at the depth limit)", flat)
+	}
+	for i, r := range roots {
+		out := filepath.Join(dir, "out-"+strconv.Itoa(i))
+		if _, err := s.Import(ctx(t), r, out); err != nil {
+			t.Fatalf("image %d: %v", i, err)
+		}
+		Equal(t, filepath.Join(dir, strconv.Itoa(i)), out)
+	}
 }
