@@ -82,6 +82,9 @@ type Member struct {
 	// it); otherwise they wait for the sync loop and nothing waits for
 	// the database.
 	healthy atomic.Bool
+	// recheck: every row was marked (the host (re)joined); once they are
+	// written, the host's store roots are checked (Host.RecheckRoots).
+	recheck atomic.Bool
 }
 
 // Host is what the member needs of the host's daemon.
@@ -91,6 +94,10 @@ type Host interface {
 	// Drop kills a sandbox this host must no longer run (it moved on, or
 	// its team is over its limit).
 	Drop(ctx context.Context, id, why string)
+	// RecheckRoots uploads again what the chunk store lost of the host's
+	// images while it was away (manager.RecheckRoots): called once the
+	// rows are written after the host (re)joined.
+	RecheckRoots(ctx context.Context)
 }
 
 func statePath(dir string) string { return filepath.Join(dir, "cluster.json") }
@@ -339,6 +346,7 @@ func (m *Member) Start(ctx context.Context, host Host) {
 // of this host the local store does not have (gone while the database was
 // away, or never created).
 func (m *Member) markAll(ctx context.Context) {
+	m.recheck.Store(true)
 	recs, _ := m.local.List(ctx)
 	for _, r := range recs {
 		m.mark(m.dirty, r.ID)

@@ -47,6 +47,9 @@ func (m *Member) syncLoop(ctx context.Context) {
 		}
 		m.healthy.Store(true)
 		backoff = 100 * time.Millisecond
+		if m.recheck.CompareAndSwap(true, false) {
+			go m.host.RecheckRoots(ctx)
+		}
 	}
 }
 

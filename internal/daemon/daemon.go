@@ -295,6 +295,8 @@ func (h hostView) PoolStats() sandbox.PoolStats { return h.m.PoolStats() }
 
 func (h hostView) Drop(ctx context.Context, id, why string) { h.m.Drop(ctx, id, why) }
 
+func (h hostView) RecheckRoots(ctx context.Context) { h.m.RecheckRoots(ctx) }
+
 // upstreamRoots returns the host's roots plus those in the PEM file (nil
 // for the host's alone).
 func upstreamRoots(file string) (*x509.CertPool, error) {

@@ -152,3 +152,19 @@ func (c chunkImages) exportBase(ctx context.Context, dir, kind string) (string, 
 	c.log.Debug("image exported as a base", "dir", dir, "stats", st.String())
 	return st.Root.String(), nil
 }
+
+// Has reports whether the store holds (and can read) the manifest root.
+func (c chunkImages) Has(ctx context.Context, root string) (bool, error) {
+	h, err := chunkstore.ParseHash(root)
+	if err != nil {
+		return false, nil
+	}
+	_, err = c.s.Manifest(ctx, h)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, errdefs.ErrCorrupt):
+		return false, nil // an export writes it again
+	}
+	return false, err
+}

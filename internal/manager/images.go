@@ -39,6 +39,8 @@ type ImageStore interface {
 	// template's warm image): imports of images sharing their bytes read
 	// them here rather than from the store.
 	Remember(ctx context.Context, dir string) error
+	// Has reports whether the store holds the manifest root names.
+	Has(ctx context.Context, root string) (bool, error)
 }
 
 // remember has the store note a template's warm image, in the background
@@ -420,4 +422,92 @@ func (m *Manager) CollectStore(ctx context.Context) (int64, error) {
 		m.log.Info("chunk store collected", "freed_bytes", freed, "live", len(live), "ms", time.Since(t0).Milliseconds())
 	}
 	return freed, nil
+}
+
+// RecheckRoots uploads again the images of this host's paused sandboxes
+// and snapshots whose manifest the chunk store no longer holds, retrying
+// while the store does not answer. A cluster host calls it once its rows
+// are written after it (re)joined: a host away for longer than the
+// store's grace period may hold a root its rows never named (it died
+// between an upload and its row write), which the cluster's collection
+// then deleted; the image is still on this host's disk, and an export of
+// it writes the same root again.
+func (m *Manager) RecheckRoots(ctx context.Context) {
+	if m.images == nil {
+		return
+	}
+	for wait := time.Second; ; wait = min(2*wait, uploadBackoffMax) {
+		err := m.recheckRoots(ctx)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		m.log.Debug("rechecking the chunk store's roots deferred", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.closing:
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (m *Manager) recheckRoots(ctx context.Context) error {
+	recs, err := m.st.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, rec := range recs {
+		if rec.State != sandbox.StatePaused || rec.PausedRoot == "" || rec.PausedImage == "" {
+			continue
+		}
+		if ok, err := m.images.Has(ctx, rec.PausedRoot); err != nil || ok {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		l, err := m.begin(ctx, rec.ID, "uploading its paused image again", spilled)
+		if err != nil {
+			continue // resumed or killed meanwhile
+		}
+		if l.rec.PausedRoot == rec.PausedRoot {
+			l.update(func() { l.rec.PausedRoot = "" })
+			if err := m.put(ctx, l.rec); err != nil {
+				l.update(func() { l.rec.PausedRoot = rec.PausedRoot })
+				l.op.Unlock()
+				return err
+			}
+			m.log.Warn("a paused sandbox's image was missing from the chunk store; uploading it again", "sandbox.id", rec.ID, "root", rec.PausedRoot)
+			m.queuePausedUpload(rec.ID)
+		}
+		l.op.Unlock()
+	}
+	sns, err := m.st.ListSnapshots(ctx)
+	if err != nil {
+		return err
+	}
+	for _, sn := range sns {
+		if sn.Upload != sandbox.UploadDone || sn.StoreRoot == "" {
+			continue
+		}
+		ok, err := m.images.Has(ctx, sn.StoreRoot)
+		if err != nil {
+			return err
+		}
+		if ok {
+			continue
+		}
+		err = m.setUpload(ctx, sn.ID, func(s *sandbox.Snapshot) {
+			if s.StoreRoot == sn.StoreRoot {
+				s.Upload, s.StoreRoot = sandbox.UploadPending, ""
+			}
+		})
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		m.log.Warn("a snapshot's image was missing from the chunk store; uploading it again", "snapshot.id", sn.ID, "root", sn.StoreRoot)
+		m.up.push(sn.ID)
+	}
+	return nil
 }

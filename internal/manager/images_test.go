@@ -120,6 +120,13 @@ func (s *memImages) GC(ctx context.Context, live []string, grace time.Duration) 
 	return 0, nil
 }
 
+func (s *memImages) Has(ctx context.Context, root string) (bool, error) {
+	if err := s.failing("has"); err != nil {
+		return false, err
+	}
+	return s.has(root), nil
+}
+
 func (s *memImages) has(root string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -529,6 +536,70 @@ func TestAssumeMergesAcrossHosts(t *testing.T) {
 	if _, err := b.m.Assume(ctx, stranger.ID, p.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("assume of a sandbox this host has: %v", err)
 	}
+}
+
+// A host back after the cluster's collection deleted roots it recorded
+// (its rows never named them) uploads those images again: a paused
+// sandbox's and a snapshot's, to the same roots; while the store does
+// not answer it retries, and it leaves what the store holds alone.
+func TestRecheckRootsUploadsAgain(t *testing.T) {
+	images := newMemImages()
+	e := newEnv(t, nil)
+	e.m.Close()
+	e.images, e.cluster = images, otherHost{}
+	e.start()
+	ctx := context.Background()
+	sb := e.create(sandbox.CreateRequest{})
+	sn, err := e.m.Snapshot(ctx, sb.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snRoot := e.waitUpload(sn.ID, sandbox.UploadDone).StoreRoot
+	p := e.create(sandbox.CreateRequest{})
+	if err := e.m.Pause(ctx, p.ID, sandbox.PauseRequest{Spill: true}); err != nil {
+		t.Fatal(err)
+	}
+	var pRoot string
+	eventually := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("waiting for %s", what)
+			}
+		}
+	}
+	eventually("the paused image's upload", func() bool {
+		rec, _ := e.m.Get(ctx, p.ID)
+		pRoot = rec.PausedRoot
+		return pRoot != ""
+	})
+	e.m.RecheckRoots(ctx) // all there: nothing changes
+	if rec, _ := e.m.Get(ctx, p.ID); rec.PausedRoot != pRoot {
+		t.Fatalf("a recheck with the roots in the store changed the record: %+v", rec)
+	}
+	images.Delete(ctx, pRoot) // the collection
+	images.Delete(ctx, snRoot)
+	var mu sync.Mutex
+	down := true
+	images.mu.Lock()
+	defer func() { images.mu.Lock(); images.fail = nil; images.mu.Unlock() }()
+	images.fail = func(op string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if op == "has" && down {
+			down = false // the first check meets an outage
+			return fmt.Errorf("store: %w", errdefs.ErrUnavailable)
+		}
+		return nil
+	}
+	images.mu.Unlock()
+	e.m.RecheckRoots(ctx)
+	eventually("both images in the store again", func() bool { return images.has(pRoot) && images.has(snRoot) })
+	eventually("the records to name them again", func() bool {
+		rec, _ := e.m.Get(ctx, p.ID)
+		got, _ := e.m.GetSnapshot(ctx, sn.ID)
+		return rec.PausedRoot == pRoot && got.Upload == sandbox.UploadDone && got.StoreRoot == snRoot
+	})
 }
 
 // In a cluster, a collection keeps what the cluster's rows name besides
