@@ -624,6 +624,7 @@ func rowsIntact(t *testing.T) {
 			}
 			rows.Close()
 			t.Errorf("a manifest %v name: %v", names, err)
+			logsAbout(t, append(names, root[:16])...)
 			continue
 		}
 		var keys []string
@@ -637,6 +638,33 @@ func rowsIntact(t *testing.T) {
 		for i, ok := range has {
 			if !ok {
 				t.Errorf("manifest %s names chunk %s, which is not in the store", root, keys[i])
+			}
+		}
+	}
+}
+
+// logsAbout logs the cluster's log lines that mention any of words (ids,
+// roots), to say in CI how a row came to name what it does.
+func logsAbout(t *testing.T, words ...string) {
+	t.Helper()
+	var keys []string
+	for _, w := range words {
+		for _, f := range strings.Fields(w) {
+			if len(f) >= 16 && !strings.ContainsAny(f, " ") {
+				keys = append(keys, f)
+			}
+		}
+	}
+	n := 0
+	for _, h := range c.Hosts {
+		for _, line := range strings.Split(h.Logs(), "\n") {
+			for _, k := range keys {
+				if strings.Contains(line, k) && !strings.Contains(line, "msg=request ") {
+					if n++; n <= 60 {
+						t.Logf("host %d: %s", h.N, line)
+					}
+					break
+				}
 			}
 		}
 	}
