@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/cellfork/cellfork/internal/box"
+	"github.com/cellfork/cellfork/internal/cleanup"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/pool"
 	"github.com/cellfork/cellfork/internal/sandbox"
@@ -110,10 +111,12 @@ func (m *Manager) BootBuild(ctx context.Context, rootfs string, limits sandbox.L
 	if err != nil {
 		return nil, err
 	}
+	cu := cleanup.Make(func() { m.boxes.Destroy(context.WithoutCancel(ctx), b) })
+	defer cu.Clean()
 	if err := m.boxes.SetPolicy(b, sandbox.DefaultNetwork); err != nil {
-		m.boxes.Destroy(context.WithoutCancel(ctx), b)
 		return nil, err
 	}
+	cu.Release()
 	return &BuildBox{m: m, b: b}, nil
 }
 

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/box"
+	"github.com/cellfork/cellfork/internal/cleanup"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
@@ -220,12 +221,7 @@ func (p *Pool) fillOne() bool {
 		p.fillStandby(ctx, s, limits)
 		return true
 	case name != "":
-		b, err := p.Restore(ctx, w.Image, w.Rootfs, w.Limits)
-		if err == nil {
-			if err = p.f.Ready(ctx, b, w.Limits); err != nil {
-				p.f.Destroy(context.WithoutCancel(ctx), b)
-			}
-		}
+		b, err := p.readyBox(ctx, w)
 		if err != nil {
 			p.log.Error("refilling pool", "template", name, "err", err)
 			p.mu.Lock()
@@ -244,12 +240,7 @@ func (p *Pool) fillOne() bool {
 	p.mu.Lock()
 	rootfs, limits := p.shellRootfs, p.shellLimits
 	p.mu.Unlock()
-	b, err := p.f.Prepare(ctx, rootfs, limits)
-	if err == nil {
-		if err = p.f.SetPolicy(b, sandbox.DefaultNetwork); err != nil {
-			p.f.Destroy(context.WithoutCancel(ctx), b)
-		}
-	}
+	b, err := p.shell(ctx, rootfs, limits)
 	if err != nil {
 		p.log.Error("preparing shell", "err", err)
 		return false
@@ -313,4 +304,36 @@ func (p *Pool) Stats() Stats {
 		}
 	}
 	return st
+}
+
+// readyBox restores a template's warm image into a box that is ready to
+// hand off; nothing is left of it on failure.
+func (p *Pool) readyBox(ctx context.Context, w Warm) (*box.Box, error) {
+	b, err := p.Restore(ctx, w.Image, w.Rootfs, w.Limits)
+	if err != nil {
+		return nil, err
+	}
+	cu := cleanup.Make(func() { p.f.Destroy(context.WithoutCancel(ctx), b) })
+	defer cu.Clean()
+	if err := p.f.Ready(ctx, b, w.Limits); err != nil {
+		return nil, err
+	}
+	cu.Release()
+	return b, nil
+}
+
+// shell prepares an empty box with the default network policy; nothing
+// is left of it on failure.
+func (p *Pool) shell(ctx context.Context, rootfs string, limits sandbox.Limits) (*box.Box, error) {
+	b, err := p.f.Prepare(ctx, rootfs, limits)
+	if err != nil {
+		return nil, err
+	}
+	cu := cleanup.Make(func() { p.f.Destroy(context.WithoutCancel(ctx), b) })
+	defer cu.Clean()
+	if err := p.f.SetPolicy(b, sandbox.DefaultNetwork); err != nil {
+		return nil, err
+	}
+	cu.Release()
+	return b, nil
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/cellfork/cellfork/internal/box"
+	"github.com/cellfork/cellfork/internal/cleanup"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
@@ -77,12 +78,33 @@ func (p *Pool) ResumeStandby(ctx context.Context, id string, limits sandbox.Limi
 	if b == nil {
 		return nil
 	}
+	cu := cleanup.Make(func() { p.f.Destroy(context.WithoutCancel(ctx), b) })
+	defer cu.Clean()
 	if err := p.f.Resume(ctx, b); err != nil {
 		p.log.Warn("resuming a standby", "snapshot.id", id, "err", err)
-		p.f.Destroy(context.WithoutCancel(ctx), b)
 		return nil
 	}
+	cu.Release()
 	return b
+}
+
+// frozenBox restores a standby's snapshot and freezes it once its agent
+// answers; nothing is left of it on failure.
+func (p *Pool) frozenBox(ctx context.Context, s *standby, limits sandbox.Limits) (*box.Box, error) {
+	b, err := p.Restore(ctx, s.image, s.rootfs, limits)
+	if err != nil {
+		return nil, err
+	}
+	cu := cleanup.Make(func() { p.f.Destroy(context.WithoutCancel(ctx), b) })
+	defer cu.Clean()
+	if err := p.f.Ready(ctx, b, limits); err != nil {
+		return nil, err
+	}
+	if err := p.f.Pause(ctx, b); err != nil {
+		return nil, err
+	}
+	cu.Release()
+	return b, nil
 }
 
 // DropStandby forgets snapshot id's standby (the snapshot is deleted).
@@ -131,16 +153,7 @@ func (p *Pool) nextStandby() (*standby, sandbox.Limits) {
 // fillStandby restores s's snapshot (image and rootfs never change) with
 // limits and freezes it once its agent answers.
 func (p *Pool) fillStandby(ctx context.Context, s *standby, limits sandbox.Limits) {
-	b, err := p.Restore(ctx, s.image, s.rootfs, limits)
-	if err == nil {
-		err = p.f.Ready(ctx, b, limits)
-		if err == nil {
-			err = p.f.Pause(ctx, b)
-		}
-		if err != nil {
-			p.f.Destroy(context.WithoutCancel(ctx), b)
-		}
-	}
+	b, err := p.frozenBox(ctx, s, limits)
 	p.mu.Lock()
 	s.filling = false
 	if err != nil {
