@@ -495,3 +495,65 @@ func TestHandIsACompareAndSwap(t *testing.T) {
 		t.Fatalf("handing it back: %v", err)
 	}
 }
+
+// TestTombstones: a host that was away does not write back the row of a
+// sandbox that moved on and ended meanwhile (its kill left a tombstone),
+// nor of one a gateway forgot with its lost host; a sandbox that never had
+// a row gets one; tombstones are pruned by age.
+func TestTombstones(t *testing.T) {
+	db := fresh(t)
+	setup(t, db)
+	ctx := context.Background()
+	a, ea, _ := db.Register(ctx, "a", 1, "x:1")
+	b, eb, _ := db.Register(ctx, "b", 1, "x:2")
+	for _, h := range []struct {
+		slot  int
+		epoch int64
+	}{{a, ea}, {b, eb}} {
+		if err := heartbeat(t, db, h.slot, h.epoch, 8192); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := ids.NewSandbox(1, a)
+	s := Sandbox{ID: id, Team: "acme", Region: 1, HostSlot: a, State: "paused", MemoryMB: 512, Doc: json.RawMessage(`{}`), StoreRoot: "r1"}
+	if err := db.Sync(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	row, _ := db.GetSandbox(ctx, id)
+	if err := db.Move(ctx, id, a, row.Generation, b, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Forget(ctx, id, b); err != nil { // killed on b
+		t.Fatal(err)
+	}
+	if err := db.Sync(ctx, s); !errors.Is(err, ErrStale) {
+		t.Fatalf("host a writing back the row of a sandbox that ended on b: %v", err)
+	}
+	lost := ids.NewSandbox(1, a)
+	ls := Sandbox{ID: lost, Team: "acme", Region: 1, HostSlot: a, State: "paused", MemoryMB: 512, Doc: json.RawMessage(`{}`)}
+	if err := db.Sync(ctx, ls); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := db.ForgetLost(ctx, lost, "acme"); err != nil || !ok {
+		t.Fatalf("ForgetLost: %v %v", ok, err)
+	}
+	if err := db.Sync(ctx, ls); !errors.Is(err, ErrStale) {
+		t.Fatalf("writing back a sandbox forgotten with its lost host: %v", err)
+	}
+	fresh := Sandbox{ID: ids.NewSandbox(1, a), Team: "acme", Region: 1, HostSlot: a, State: "running", MemoryMB: 512, Doc: json.RawMessage(`{}`)}
+	if err := db.Sync(ctx, fresh); err != nil {
+		t.Fatalf("a sandbox with no row yet: %v", err)
+	}
+	if err := db.PruneTombstones(ctx, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Sync(ctx, s); !errors.Is(err, ErrStale) {
+		t.Fatalf("a young tombstone was pruned: %v", err)
+	}
+	if err := db.PruneTombstones(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Sync(ctx, s); err != nil {
+		t.Fatalf("after its tombstone was pruned: %v", err)
+	}
+}

@@ -140,13 +140,16 @@ func (db *DB) Sync(ctx context.Context, s Sandbox) error {
 		return teamError(err)
 	}
 	if tag.RowsAffected() == 0 {
-		var slot int
-		err := tx.QueryRow(ctx, `SELECT host_slot FROM sandboxes WHERE id = $1`, s.ID).Scan(&slot)
+		// No row of this host's: another host's (it moved on), an ended
+		// sandbox's (its tombstone), or none yet (written first now).
+		var gone bool
+		err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sandboxes WHERE id = $1)
+			OR EXISTS (SELECT 1 FROM sandbox_tombstones WHERE id = $1)`, s.ID).Scan(&gone)
 		switch {
-		case err == nil:
-			return ErrStale
-		case !errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
 			return unavailable(err)
+		case gone:
+			return ErrStale
 		}
 		if err := insertSandbox(ctx, tx, s, s.State); err != nil {
 			return err
@@ -184,15 +187,26 @@ func (db *DB) ExpireCreating(ctx context.Context, age time.Duration) (int, error
 
 // Forget deletes a sandbox's row, if host slot holds it.
 func (db *DB) Forget(ctx context.Context, id string, slot int) error {
-	_, err := db.pool.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1 AND host_slot = $2`, id, slot)
+	_, err := db.pool.Exec(ctx, `WITH d AS (DELETE FROM sandboxes WHERE id = $1 AND host_slot = $2 RETURNING id)
+		INSERT INTO sandbox_tombstones (id) SELECT id FROM d ON CONFLICT (id) DO NOTHING`, id, slot)
+	return unavailable(err)
+}
+
+// PruneTombstones forgets the ids of sandboxes that ended more than age
+// ago (see migrations/0005_tombstones.sql).
+func (db *DB) PruneTombstones(ctx context.Context, age time.Duration) error {
+	_, err := db.pool.Exec(ctx, `DELETE FROM sandbox_tombstones WHERE at < now() - $1 * interval '1 millisecond'`, age.Milliseconds())
 	return unavailable(err)
 }
 
 // ForgetLost deletes the row of a sandbox whose host is lost, lost with it
 // or paused (killing it, as far as the cluster can: its host is gone).
 func (db *DB) ForgetLost(ctx context.Context, id, team string) (bool, error) {
-	tag, err := db.pool.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1 AND team = $2 AND state IN ('lost', 'paused')`, id, team)
-	return tag.RowsAffected() > 0, unavailable(err)
+	var n int
+	err := db.pool.QueryRow(ctx, `WITH d AS (DELETE FROM sandboxes WHERE id = $1 AND team = $2 AND state IN ('lost', 'paused') RETURNING id),
+		t AS (INSERT INTO sandbox_tombstones (id) SELECT id FROM d ON CONFLICT (id) DO NOTHING)
+		SELECT count(*) FROM d`, id, team).Scan(&n)
+	return n > 0, unavailable(err)
 }
 
 const sandboxColumns = `id, team, region, home_slot, host_slot, generation, state, memory_mb, template_id, started_at, end_at,

@@ -85,6 +85,7 @@ type Member struct {
 	// recheck: every row was marked (the host (re)joined); once they are
 	// written, the host's store roots are checked (Host.RecheckRoots).
 	recheck atomic.Bool
+	pruned  time.Time // the heartbeat loop's last try at pruning tombstones
 }
 
 // Host is what the member needs of the host's daemon.

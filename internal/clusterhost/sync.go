@@ -201,10 +201,30 @@ func (m *Member) heartbeatLoop(ctx context.Context) {
 			m.log.Warn("cluster heartbeat failed; sandboxes keep running", "err", err)
 			lastWarn = time.Now()
 		}
+		if err == nil {
+			m.pruneTombstones(ctx)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// tombstoneAge is how long an ended sandbox's id stays known (a host away
+// longer must not come back with it: it is declared lost long before).
+const tombstoneAge = 30 * 24 * time.Hour
+
+// pruneTombstones forgets old tombstones, one host an hour.
+func (m *Member) pruneTombstones(ctx context.Context) {
+	if time.Since(m.pruned) < time.Hour {
+		return
+	}
+	m.pruned = time.Now()
+	if ok, err := m.db.ClaimJob(ctx, "tombstones", m.Slot(), time.Hour); err == nil && ok {
+		if err := m.db.PruneTombstones(ctx, tombstoneAge); err != nil {
+			m.log.Debug("pruning tombstones", "err", err)
 		}
 	}
 }

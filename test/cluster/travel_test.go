@@ -16,6 +16,7 @@ import (
 	"github.com/cellfork/cellfork/internal/chunkstore"
 	"github.com/cellfork/cellfork/internal/clusterauth"
 	"github.com/cellfork/cellfork/internal/clusterdb"
+	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/ids"
 	"github.com/cellfork/cellfork/test/cluster/harness"
 )
@@ -150,6 +151,19 @@ func testPausedMoves(t *testing.T) {
 		t.Fatalf("pause: %d %s", r.status, r.body)
 	}
 	db := pausedInStore(t, sb.ID)
+	// A second paused sandbox of that host moves too and ends elsewhere
+	// before the host is back: the host must not bring it back.
+	var ended sandbox
+	for ended.ID == "" || hostOf(t, ended).N != a.N {
+		if ended.ID != "" {
+			do(t, "eu", "DELETE", "/sandboxes/"+ended.ID, nil, nil)
+		}
+		ended = create(t, "eu", nil)
+	}
+	if r := do(t, "eu", "POST", "/sandboxes/"+ended.ID+"/pause", nil, nil); r.status != 204 {
+		t.Fatalf("pause: %d %s", r.status, r.body)
+	}
+	pausedInStore(t, ended.ID)
 
 	a.Kill()
 	restarted := false
@@ -177,15 +191,28 @@ func testPausedMoves(t *testing.T) {
 	if out, status := runCode(t, "eu", sb, `print(x, open("/tmp/moved.txt").read())`); out != "7 paused on A\n" {
 		t.Fatalf("state on the new host (same token): %d %q", status, out)
 	}
+	if r := do(t, "eu", "POST", "/sandboxes/"+ended.ID+"/connect", map[string]any{"timeout": 120}, nil); r.status/100 != 2 {
+		t.Fatalf("resuming the second sandbox elsewhere: %d %s", r.status, r.body)
+	}
+	if r := do(t, "eu", "DELETE", "/sandboxes/"+ended.ID, nil, nil); r.status != 204 {
+		t.Fatalf("killing the second sandbox on its new host: %d %s", r.status, r.body)
+	}
 
 	if err := a.Start(); err != nil {
 		t.Fatal(err)
 	}
 	restarted = true
-	eventually(t, 30*time.Second, "the old host to drop its copy", func() bool {
+	eventually(t, 30*time.Second, "the old host to drop its copies", func() bool {
 		_, err := os.Stat(filepath.Join(a.DataDir, "paused", sb.ID))
-		return os.IsNotExist(err)
+		_, err2 := os.Stat(filepath.Join(a.DataDir, "paused", ended.ID))
+		return os.IsNotExist(err) && os.IsNotExist(err2)
 	})
+	if _, err := db.GetSandbox(ctx, ended.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the old host wrote back the row of a sandbox that ended elsewhere: %v", err)
+	}
+	if r := do(t, "eu", "GET", "/sandboxes/"+ended.ID, nil, nil); r.status != 404 {
+		t.Errorf("a sandbox that ended elsewhere, after its old host came back: %d %s", r.status, r.body)
+	}
 	if out, _ := runCode(t, "eu", sb, "print(x + 1)"); out != "8\n" {
 		t.Errorf("after the old host came back: %q", out)
 	}
