@@ -110,10 +110,9 @@ type Service struct {
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
 
-	layerRoots map[string]string // guarded by mu: layers put in the chunk store
-	syncMu     sync.Mutex        // one syncShared at a time
-	pulls      singleflight.Group
-	pulledMu   sync.Mutex // a pulled build's use against its collection
+	syncMu   sync.Mutex // one syncShared at a time
+	pulls    singleflight.Group
+	pulledMu sync.Mutex // a pulled build's use against its collection
 }
 
 // Open loads the records in cfg.Dir. Builds that a previous daemon left
@@ -144,7 +143,7 @@ func Open(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("loading template records: %w", err)
 	}
 	s := &Service{cfg: cfg, log: cfg.Log, slots: make(chan struct{}, cfg.Concurrency), st: st,
-		logs: map[string]*buildLog{}, cancels: map[string]context.CancelFunc{}, layerRoots: map[string]string{}}
+		logs: map[string]*buildLog{}, cancels: map[string]context.CancelFunc{}}
 	s.stopped, s.stop = context.WithCancel(context.Background())
 	removeGone(filepath.Join(cfg.Dir, "builds"))
 	now := time.Now().UTC()

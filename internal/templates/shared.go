@@ -115,7 +115,10 @@ func (s *Service) publish(ctx context.Context, templateID, buildID string, spec 
 		}
 		sl := SharedLayer{Layer: *l}
 		if l.External == "" {
-			root, err := s.layerRoot(ctx, id)
+			// Stored again each time: a root stored for an earlier build
+			// may have been collected since (its template deleted); the
+			// store skips the chunks it has.
+			root, err := s.cfg.Shared.PutLayer(ctx, func(w io.Writer) error { return s.cfg.Layers.Pack(id, w) })
 			if err != nil {
 				return fmt.Errorf("storing layer %s (%s): %w", id, l.Step, err)
 			}
@@ -134,25 +137,6 @@ func (s *Service) publish(ctx context.Context, templateID, buildID string, spec 
 	logf(build.Entry{Level: "info", Step: build.StepFinalize,
 		Message: fmt.Sprintf("Template published to the cluster's chunk store in %s", time.Since(t0).Round(time.Millisecond))})
 	return nil
-}
-
-// layerRoot stores a layer once per daemon (layers are immutable; the
-// store keeps what a root names until no artifact names it).
-func (s *Service) layerRoot(ctx context.Context, id string) (string, error) {
-	s.mu.Lock()
-	root, ok := s.layerRoots[id]
-	s.mu.Unlock()
-	if ok {
-		return root, nil
-	}
-	root, err := s.cfg.Shared.PutLayer(ctx, func(w io.Writer) error { return s.cfg.Layers.Pack(id, w) })
-	if err != nil {
-		return "", err
-	}
-	s.mu.Lock()
-	s.layerRoots[id] = root
-	s.mu.Unlock()
-	return root, nil
 }
 
 // syncShared records a template's ready builds, tags and names in the
