@@ -66,8 +66,10 @@ func (s *Store) GC(ctx context.Context, roots Roots, grace time.Duration) (st GC
 		live[ManifestKey(r)] = true
 	}
 
-	// Mark.
-	cutoff := time.Now().Add(-grace)
+	// Mark. The grace period counts from the call, not from now: the
+	// caller read its live roots before the call, and waiting for another
+	// collector's lock must not age what was written after that read.
+	cutoff := t0.Add(-grace)
 	seen := make(map[string]bool)
 	var drop []Object
 	var keep []Hash

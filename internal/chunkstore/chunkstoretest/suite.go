@@ -33,6 +33,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) chunkstore.Backend) {
 	t.Run("LinkFiles", func(t *testing.T) { testLinkFiles(t, newBackend(t)) })
 	t.Run("GC", func(t *testing.T) { testGC(t, newBackend(t)) })
 	t.Run("GCAgainstExport", func(t *testing.T) { testGCAgainstExport(t, newBackend(t)) })
+	t.Run("GCWaitingForTheLock", func(t *testing.T) { testGCWaitingForTheLock(t, newBackend(t)) })
 	t.Run("Base", func(t *testing.T) { testBase(t, newBackend(t)) })
 	t.Run("BaseChain", func(t *testing.T) { testBaseChain(t, newBackend(t)) })
 	t.Run("GCAgainstExportOverBase", func(t *testing.T) { testGCAgainstExportOverBase(t, newBackend(t)) })
@@ -621,6 +622,45 @@ func testGCAgainstExport(t *testing.T, b chunkstore.Backend) {
 		t.Fatalf("the export's image after gc: %v", err)
 	}
 	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "out"))
+}
+
+// testGCWaitingForTheLock: a collection whose caller read its live roots
+// and then waited for another collector's lock longer than the grace
+// period keeps a manifest written while it waited (its caller could not
+// have named it): the grace counts from the call.
+func testGCWaitingForTheLock(t *testing.T, b chunkstore.Backend) {
+	dir := t.TempDir()
+	imgA.Write(t, filepath.Join(dir, "a"))
+	s, _ := NewStore(t, b, false)
+	_, unGC, err := b.(chunkstore.Locker).Lock(ctx(t), chunkstore.LockGC, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	none := chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return nil, nil })
+	const grace = 1500 * time.Millisecond // above S3's one-second times
+	done := make(chan error, 1)
+	var st chunkstore.GCStats
+	go func() {
+		var err error
+		st, err = s.GC(ctx(t), none, grace) // its live roots are read now: none
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	written, err := s.Export(ctx(t), filepath.Join(dir, "a"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * grace) // the manifest is older than the grace when the lock comes
+	unGC()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st.DeletedManifests != 0 {
+		t.Fatalf("a collection that waited for the lock deleted a manifest written meanwhile: %+v", st)
+	}
+	if _, err := s.Import(ctx(t), written.Root, filepath.Join(dir, "out")); err != nil {
+		t.Fatalf("the manifest written while the collection waited: %v", err)
+	}
 }
 
 // testGCAgainstExportOverBase runs an export over a base that no live
