@@ -262,16 +262,7 @@ func TestMoveIsACompareAndSwap(t *testing.T) {
 	db := fresh(t)
 	setup(t, db)
 	ctx := context.Background()
-	a, ea, _ := db.Register(ctx, "a", 1, "x:1")
-	b, eb, _ := db.Register(ctx, "b", 1, "x:2")
-	for _, h := range []struct {
-		slot  int
-		epoch int64
-	}{{a, ea}, {b, eb}} {
-		if err := heartbeat(t, db, h.slot, h.epoch, 8192); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a, b := twoLiveHosts(t, db)
 	id := ids.NewSandbox(1, a)
 	s := Sandbox{ID: id, Team: "acme", Region: 1, HostSlot: a, State: "paused", MemoryMB: 512, Doc: json.RawMessage(`{}`),
 		Record: json.RawMessage(`{"ID":"` + id + `"}`), Runtime: "v1"}
@@ -452,16 +443,7 @@ func TestHandIsACompareAndSwap(t *testing.T) {
 	db := fresh(t)
 	setup(t, db)
 	ctx := context.Background()
-	a, ea, _ := db.Register(ctx, "a", 1, "x:1")
-	b, eb, _ := db.Register(ctx, "b", 1, "x:2")
-	for _, h := range []struct {
-		slot  int
-		epoch int64
-	}{{a, ea}, {b, eb}} {
-		if err := heartbeat(t, db, h.slot, h.epoch, 8192); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a, b := twoLiveHosts(t, db)
 	id := ids.NewSandbox(1, a)
 	s := Sandbox{ID: id, Team: "acme", Region: 1, HostSlot: a, State: "paused", MemoryMB: 512, Doc: json.RawMessage(`{}`)}
 	if err := db.Sync(ctx, s); err != nil {
@@ -504,16 +486,7 @@ func TestTombstones(t *testing.T) {
 	db := fresh(t)
 	setup(t, db)
 	ctx := context.Background()
-	a, ea, _ := db.Register(ctx, "a", 1, "x:1")
-	b, eb, _ := db.Register(ctx, "b", 1, "x:2")
-	for _, h := range []struct {
-		slot  int
-		epoch int64
-	}{{a, ea}, {b, eb}} {
-		if err := heartbeat(t, db, h.slot, h.epoch, 8192); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a, b := twoLiveHosts(t, db)
 	id := ids.NewSandbox(1, a)
 	s := Sandbox{ID: id, Team: "acme", Region: 1, HostSlot: a, State: "paused", MemoryMB: 512, Doc: json.RawMessage(`{}`), StoreRoot: "r1"}
 	if err := db.Sync(ctx, s); err != nil {
@@ -556,4 +529,22 @@ func TestTombstones(t *testing.T) {
 	if err := db.Sync(ctx, s); err != nil {
 		t.Fatalf("after its tombstone was pruned: %v", err)
 	}
+}
+
+// twoLiveHosts registers hosts "a" and "b" in region 1, each heartbeating
+// with 8 GiB, and returns their slots.
+func twoLiveHosts(t *testing.T, db *DB) (a, b int) {
+	t.Helper()
+	ctx := context.Background()
+	a, ea, _ := db.Register(ctx, "a", 1, "x:1")
+	b, eb, _ := db.Register(ctx, "b", 1, "x:2")
+	for _, h := range []struct {
+		slot  int
+		epoch int64
+	}{{a, ea}, {b, eb}} {
+		if err := heartbeat(t, db, h.slot, h.epoch, 8192); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a, b
 }
