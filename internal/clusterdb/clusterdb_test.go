@@ -116,21 +116,31 @@ func TestHostsLeasesAndLoss(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Leases run out for both: nobody else heartbeated, so nobody is lost
-	// (a database outage looks like this).
-	time.Sleep(1100 * time.Millisecond)
-	if lost, err := db.SweepLost(ctx, 0); err != nil || len(lost) != 0 {
+	// Leases run out for both, well past the grace: nobody else
+	// heartbeated, so nobody is lost (a database outage looks like this).
+	const grace = 500 * time.Millisecond
+	time.Sleep(2 * time.Second)
+	if lost, err := db.SweepLost(ctx, grace); err != nil || len(lost) != 0 {
 		t.Fatalf("after everyone's silence: lost %v, %v", lost, err)
 	}
-	// b heartbeats, a does not: a is lost, once b has been heard for the
-	// grace past a's lease.
+	// The database is back and b is heard first: a still has the grace to
+	// be heard, though its lease ended long before b's heartbeat.
+	if err := heartbeat(t, db, b, eb, 1024); err != nil {
+		t.Fatal(err)
+	}
+	if lost, err := db.SweepLost(ctx, grace); err != nil || len(lost) != 0 {
+		t.Fatalf("b heard first after the outage: lost %v, %v", lost, err)
+	}
+	// b goes on heartbeating, a does not: a is lost once b has been heard
+	// for the grace.
+	time.Sleep(grace + 100*time.Millisecond)
 	if err := heartbeat(t, db, b, eb, 1024); err != nil {
 		t.Fatal(err)
 	}
 	if lost, err := db.SweepLost(ctx, time.Hour); err != nil || len(lost) != 0 {
 		t.Fatalf("within the grace: lost %v, %v", lost, err)
 	}
-	if lost, err := db.SweepLost(ctx, 0); err != nil || len(lost) != 1 || lost[0] != a {
+	if lost, err := db.SweepLost(ctx, grace); err != nil || len(lost) != 1 || lost[0] != a {
 		t.Fatalf("lost %v, %v; want [%d]", lost, err, a)
 	}
 	if err := heartbeat(t, db, a, ea, 1024); !errors.Is(err, ErrFenced) {

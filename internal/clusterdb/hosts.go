@@ -47,7 +47,7 @@ type Capacity struct {
 func (db *DB) Register(ctx context.Context, name string, region int, addr string) (slot int, epoch int64, err error) {
 	err = db.pool.QueryRow(ctx, `INSERT INTO hosts (slot, name, region, addr, heartbeat_at, lease_until)
 		VALUES (nextval('host_slots'), $1, $2, $3, now(), now())
-		ON CONFLICT (name) DO UPDATE SET addr = $3, region = $2,
+		ON CONFLICT (name) DO UPDATE SET addr = $3, region = $2, heard_since = now(),
 			state = CASE WHEN hosts.state = 'lost' THEN 'active' ELSE hosts.state END
 		RETURNING slot, epoch`, name, region, addr).Scan(&slot, &epoch)
 	return slot, epoch, unavailable(err)
@@ -66,6 +66,7 @@ func (db *DB) Heartbeat(ctx context.Context, h Host, ttl time.Duration) error {
 	// creates that have not reached it yet (reservations are counted in
 	// Capacity.Pending by the host once they arrive).
 	tag, err := db.pool.Exec(ctx, `UPDATE hosts SET heartbeat_at = now(), lease_until = now() + $3 * interval '1 millisecond',
+			heard_since = CASE WHEN lease_until < now() THEN now() ELSE heard_since END,
 			cpus = $4, mem_total_mb = $5, mem_alloc_mb = $6, disk_free_mb = $7, start_queue = $8,
 			versions = $9, cpu_features = $10, capacity = $11, updated_at = now()
 		WHERE slot = $1 AND epoch = $2 AND state <> 'lost'`,
@@ -122,11 +123,14 @@ func (db *DB) SetHostState(ctx context.Context, slot int, state string) error {
 }
 
 // SweepLost declares lost the hosts whose lease ran out while another host
-// kept heartbeating for grace more (so a database outage, which stops
-// every heartbeat, never declares the fleet lost: once it is back, each
-// host has grace, longer than its heartbeat interval, to be heard again),
-// bumps their epoch, and marks their running sandboxes lost. One sweeper
-// at a time (an advisory lock); it returns the slots declared lost.
+// kept heartbeating for grace more, counted from the later of that lease's
+// end and the start of the other host's run of heartbeats (heard_since).
+// A database outage stops every heartbeat and ends every run, so it never
+// declares the fleet lost: once the database is back, each host has grace,
+// longer than its heartbeat interval, to be heard again, whichever host is
+// heard first. It bumps the lost hosts' epoch and marks their running
+// sandboxes lost. One sweeper at a time (an advisory lock); it returns the
+// slots declared lost.
 func (db *DB) SweepLost(ctx context.Context, grace time.Duration) ([]int, error) {
 	tx, err := db.pool.Begin(ctx)
 	if err != nil {
@@ -140,7 +144,7 @@ func (db *DB) SweepLost(ctx context.Context, grace time.Duration) ([]int, error)
 	rows, err := tx.Query(ctx, `UPDATE hosts h SET state = 'lost', epoch = epoch + 1, updated_at = now()
 		WHERE state <> 'lost' AND lease_until < now()
 		  AND EXISTS (SELECT 1 FROM hosts o WHERE o.slot <> h.slot
-		      AND o.heartbeat_at > h.lease_until + $1 * interval '1 millisecond')
+		      AND o.heartbeat_at > greatest(h.lease_until, o.heard_since) + $1 * interval '1 millisecond')
 		RETURNING slot`, grace.Milliseconds())
 	if err != nil {
 		return nil, unavailable(err)
