@@ -45,6 +45,13 @@ func decodeSlot(id string) string {
 // once; no host is declared lost; everything recovers.
 func testDatabaseOutage(t *testing.T) {
 	sb := create(t, "eu", nil)
+	fenced := func() (n []int) { // each host's "declared lost" count so far
+		for _, h := range c.Hosts {
+			n = append(n, strings.Count(h.Logs(), "this host was declared lost"))
+		}
+		return n
+	}
+	before := fenced()
 	stop := make(chan struct{})
 	var calls, failures atomic.Int64
 	var failed []string // the first few failures, to say what they were
@@ -88,8 +95,8 @@ func testDatabaseOutage(t *testing.T) {
 		t.Errorf("run_code during the outage: %d of %d failed (times from the calls' start):\n%s", f, calls.Load(), strings.Join(failed, "\n"))
 	}
 	out, _ := c.AdminOut(context.Background(), "hosts")
-	if strings.Contains(out, "lost") {
-		t.Errorf("a host was declared lost for the database's outage:\n%s", out)
+	if after := fenced(); strings.Contains(out, "lost") || fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("a host was declared lost for the database's outage (hosts' fencings %v, before %v):\n%s", after, before, out)
 	}
 	eventually(t, 20*time.Second, "creates to work again", func() bool {
 		r := do(t, "eu", "POST", "/v2/sandboxes", map[string]any{"templateID": "base", "timeout": 60}, nil)
