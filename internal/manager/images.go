@@ -66,8 +66,9 @@ func (m *Manager) remember(image string) {
 // way. Safe for concurrent use.
 type uploads struct {
 	// exclusive is held by an export from its start to its record's
-	// update, and by a collection: a manifest that was just written is
-	// never collected before the snapshot names it.
+	// update, and by a collection while it reads the records' roots: a
+	// manifest that was just written is never collected before the
+	// snapshot names it.
 	exclusive sync.Mutex
 
 	mu      sync.Mutex
@@ -385,6 +386,9 @@ func (m *Manager) CollectStore(ctx context.Context) (int64, error) {
 	if m.images == nil {
 		return 0, nil
 	}
+	// The grace counts from before the roots are read: what is written
+	// after the read is younger than it.
+	read := time.Now()
 	var live []string
 	if m.cluster != nil {
 		roots, ok, err := m.cluster.StoreRoots(ctx, m.cfg.StoreGCInterval)
@@ -393,11 +397,33 @@ func (m *Manager) CollectStore(ctx context.Context) (int64, error) {
 		}
 		live = roots
 	}
+	live, err := m.localRoots(ctx, live)
+	if err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	freed, err := m.images.GC(ctx, live, m.cfg.StoreGCGrace+time.Since(read))
+	if err != nil {
+		return 0, err
+	}
+	if freed > 0 {
+		m.log.Info("chunk store collected", "freed_bytes", freed, "live", len(live), "ms", time.Since(t0).Milliseconds())
+	}
+	return freed, nil
+}
+
+// localRoots adds to live the roots this host's records name, read
+// between exports (an export holds exclusive from its start to its
+// record's update). Only the read: an export that starts after it writes
+// its manifest after the collection's call, which its grace period keeps,
+// and the chunk store itself keeps the chunks such an export found present
+// (chunkstore.Store.GC); so uploads go on while a long collection runs.
+func (m *Manager) localRoots(ctx context.Context, live []string) ([]string, error) {
 	m.up.exclusive.Lock()
 	defer m.up.exclusive.Unlock()
 	all, err := m.st.ListSnapshots(ctx)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	for _, sn := range all {
 		if sn.StoreRoot != "" {
@@ -406,22 +432,14 @@ func (m *Manager) CollectStore(ctx context.Context) (int64, error) {
 	}
 	recs, err := m.st.List(ctx)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	for _, rec := range recs {
 		if rec.PausedRoot != "" {
 			live = append(live, rec.PausedRoot)
 		}
 	}
-	t0 := time.Now()
-	freed, err := m.images.GC(ctx, live, m.cfg.StoreGCGrace)
-	if err != nil {
-		return 0, err
-	}
-	if freed > 0 {
-		m.log.Info("chunk store collected", "freed_bytes", freed, "live", len(live), "ms", time.Since(t0).Milliseconds())
-	}
-	return freed, nil
+	return live, nil
 }
 
 // RecheckRoots uploads again the images of this host's paused sandboxes

@@ -30,6 +30,10 @@ type memImages struct {
 	// remembered are the image directories Remember was told of.
 	remembered []string
 	fail       func(op string) error
+	// gcHold, when set, holds each collection (as a big store's mark
+	// does) until it is closed; gcEntered hears each one's grace.
+	gcHold    chan struct{}
+	gcEntered chan time.Duration
 }
 
 func newMemImages() *memImages { return &memImages{manifests: map[string]map[string][]byte{}} }
@@ -114,6 +118,13 @@ func (s *memImages) Remember(ctx context.Context, dir string) error {
 }
 
 func (s *memImages) GC(ctx context.Context, live []string, grace time.Duration) (int64, error) {
+	if s.gcHold != nil {
+		select {
+		case s.gcEntered <- grace:
+		default:
+		}
+		<-s.gcHold
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gcLive = append(s.gcLive, slices.Clone(live))
@@ -640,5 +651,50 @@ func TestClusterCollection(t *testing.T) {
 	// The template's warm image is noted for imports.
 	if len(images.remembered) == 0 || !strings.Contains(images.remembered[0], "warm-") {
 		t.Errorf("warm images remembered: %v", images.remembered)
+	}
+}
+
+// TestUploadsGoOnDuringACollection: a long collection (a big store's mark
+// takes minutes) does not hold uploads back: a snapshot taken while it
+// runs is uploaded before it ends. Its grace counts from before it read
+// the roots, so that what such an upload writes is younger than the grace.
+func TestUploadsGoOnDuringACollection(t *testing.T) {
+	images := newMemImages()
+	images.gcHold, images.gcEntered = make(chan struct{}), make(chan time.Duration, 1)
+	e := newEnv(t, nil)
+	e.m.Close()
+	e.images = images
+	e.start()
+	ctx := context.Background()
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.m.CollectStore(ctx)
+		done <- err
+	}()
+	var grace time.Duration
+	select {
+	case grace = <-images.gcEntered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the collection did not start")
+	}
+	released := false
+	defer func() {
+		if !released {
+			close(images.gcHold)
+		}
+	}()
+	sb := e.create(sandbox.CreateRequest{})
+	sn, err := e.m.Snapshot(ctx, sb.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitUpload(sn.ID, sandbox.UploadDone)
+	close(images.gcHold)
+	released = true
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if grace <= e.cfg.StoreGCGrace {
+		t.Errorf("the collection's grace %v does not cover the time since its roots were read (configured %v)", grace, e.cfg.StoreGCGrace)
 	}
 }
