@@ -558,3 +558,44 @@ func twoLiveHosts(t *testing.T, db *DB) (a, b int) {
 	}
 	return a, b
 }
+
+// TestBuiltinTemplates: the first root published for a built-in
+// template's definition is the one every host gets, however many publish
+// at once; it is live for the store's collection.
+func TestBuiltinTemplates(t *testing.T) {
+	db := fresh(t)
+	ctx := context.Background()
+	if root, err := db.BuiltinRoot(ctx, "base", "def1"); err != nil || root != "" {
+		t.Fatalf("before any publish: %q, %v", root, err)
+	}
+	got := make([]string, 8)
+	var wg sync.WaitGroup
+	for i := range got {
+		wg.Go(func() {
+			root, err := db.PublishBuiltin(ctx, "base", "def1", fmt.Sprintf("root%d", i))
+			if err != nil {
+				t.Error(err)
+			}
+			got[i] = root
+		})
+	}
+	wg.Wait()
+	for _, r := range got {
+		if r != got[0] || !strings.HasPrefix(r, "root") {
+			t.Fatalf("concurrent publishes got %v: not one root", got)
+		}
+	}
+	if root, err := db.BuiltinRoot(ctx, "base", "def1"); err != nil || root != got[0] {
+		t.Fatalf("found %q, %v; want %q", root, err, got[0])
+	}
+	if root, _ := db.PublishBuiltin(ctx, "base", "def2", "rootX"); root != "rootX" {
+		t.Fatalf("another definition: %q", root)
+	}
+	if root, _ := db.BuiltinRoot(ctx, "other", "def1"); root != "" {
+		t.Fatalf("another template: %q", root)
+	}
+	roots, err := db.StoreRoots(ctx)
+	if err != nil || !slices.Contains(roots, got[0]) || !slices.Contains(roots, "rootX") {
+		t.Fatalf("live roots %v, %v", roots, err)
+	}
+}

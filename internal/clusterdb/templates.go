@@ -74,3 +74,33 @@ func nonNil(s []string) []string {
 	}
 	return s
 }
+
+// BuiltinRoot returns the root published for a built-in template's
+// definition ("" if none yet).
+func (db *DB) BuiltinRoot(ctx context.Context, name, definition string) (string, error) {
+	var root string
+	err := db.pool.QueryRow(ctx, `SELECT root FROM builtin_templates WHERE name = $1 AND definition = $2`, name, definition).Scan(&root)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	return root, unavailable(err)
+}
+
+// PublishBuiltin records root for a built-in template's definition unless
+// a root is recorded already, and returns the root on record.
+func (db *DB) PublishBuiltin(ctx context.Context, name, definition, root string) (string, error) {
+	var got string
+	err := db.pool.QueryRow(ctx, `WITH i AS (
+			INSERT INTO builtin_templates (name, definition, root) VALUES ($1, $2, $3)
+			ON CONFLICT (name, definition) DO NOTHING RETURNING root)
+		SELECT root FROM i UNION ALL SELECT root FROM builtin_templates WHERE name = $1 AND definition = $2`,
+		name, definition, root).Scan(&got)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Another host's insert committed after this statement's snapshot.
+		if got, err = db.BuiltinRoot(ctx, name, definition); err == nil && got == "" {
+			err = errors.New("a built-in template's record vanished while it was published")
+		}
+		return got, err
+	}
+	return got, unavailable(err)
+}

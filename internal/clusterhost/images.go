@@ -128,3 +128,21 @@ func (m *Member) FindTemplate(ctx context.Context, team, name, tag string) (clus
 	}
 	return b, nil
 }
+
+// FindBuiltin returns the root published for a built-in template's
+// definition ("" if none yet).
+func (m *Member) FindBuiltin(ctx context.Context, name, definition string) (string, error) {
+	if m.db == nil {
+		return "", errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable; retry later")
+	}
+	return m.db.BuiltinRoot(ctx, name, definition)
+}
+
+// PublishBuiltin records root for a built-in template's definition unless
+// another host did first, and returns the root on record.
+func (m *Member) PublishBuiltin(ctx context.Context, name, definition, root string) (string, error) {
+	if m.db == nil {
+		return "", errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable; retry later")
+	}
+	return m.db.PublishBuiltin(ctx, name, definition, root)
+}

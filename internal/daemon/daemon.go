@@ -183,8 +183,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		cfg.TemplateDir = filepath.Join(cfg.DataDir, "templates")
 	}
 	tpl := template.NewRegistry(cfg.TemplateDir, cfg.AgentDir)
-	if _, err := tpl.Rootfs(ctx, "base", out); err != nil {
-		return err
+	if !clustered { // a cluster host's comes from the cluster (below)
+		if _, err := tpl.Rootfs(ctx, "base", out); err != nil {
+			return err
+		}
 	}
 	if cfg.AgentPath, err = tpl.AgentPath(); err != nil {
 		return err
@@ -221,8 +223,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	}
 	apiCfg := api.Config{APIKeys: cfg.APIKeys, Domain: cfg.Domain, MaxUploadBytes: cfg.MaxUploadBytes}
 	var member *clusterhost.Member
+	// What an image needs of a host to restore there: the runsc build and,
+	// in a cluster, the built-in template's artifact (its root file system
+	// is the same bytes at the same path on every host that has it).
+	runtimeID := grt.Build()
 	if clustered {
-		cfg.Cluster.DataDir, cfg.Cluster.Runtime = cfg.DataDir, grt.Build()
+		cfg.Cluster.DataDir, cfg.Cluster.Runtime = cfg.DataDir, runtimeID
 		if cfg.Cluster.Advertise == "" {
 			cfg.Cluster.Advertise = cfg.Addr
 		}
@@ -233,10 +239,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		deps.Store, deps.IDs, apiCfg.Auth = member.Store(st), member.IDs(), member.Auth()
 		if images != nil {
 			deps.Cluster = member // the hosts' snapshots come through the store
+			if err := os.MkdirAll(filepath.Join(cfg.DataDir, "tmp"), 0o700); err != nil {
+				return err
+			}
+			tpl.Share(builtinArtifacts{sharedTemplates{member: member, images: images, tmp: filepath.Join(cfg.DataDir, "tmp")}})
+		}
+		if _, err := tpl.Rootfs(ctx, "base", out); err != nil {
+			return err
+		}
+		if a := tpl.Artifact("base"); a != "" {
+			runtimeID += "+base." + a[:16]
+			member.SetRuntime(runtimeID)
 		}
 		fmt.Fprintf(out, "cellfork: host slot %d of the cluster, region %s\n", member.Slot(), cfg.Cluster.Region)
 	}
-	cfg.RuntimeBuild, cfg.ForkDir = grt.Build(), forkDir(cfg.DataDir)
+	cfg.RuntimeBuild, cfg.ForkDir = runtimeID, forkDir(cfg.DataDir)
 	m := manager.New(cfg.Config, deps)
 	src.m = m
 	if err := m.Reconcile(ctx); err != nil {
@@ -251,9 +268,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	if member != nil && images != nil {
 		// A cluster's templates travel through the chunk store.
 		shared = sharedTemplates{member: member, images: images, tmp: filepath.Join(cfg.DataDir, "tmp")}
-		if err := os.MkdirAll(filepath.Join(cfg.DataDir, "tmp"), 0o700); err != nil {
-			return err
-		}
 	}
 	if !clustered || shared != nil {
 		if svc, err = openTemplates(cfg, m, tpl, shared, log); err != nil {

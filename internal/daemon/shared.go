@@ -7,12 +7,15 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cellfork/cellfork/internal/clusterdb"
 	"github.com/cellfork/cellfork/internal/clusterhost"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/manager"
+	"github.com/cellfork/cellfork/internal/template"
 	"github.com/cellfork/cellfork/internal/templates"
+	"github.com/cellfork/cellfork/internal/templates/layers"
 )
 
 // sharedTemplates is templates.Shared for a cluster host: artifacts in the
@@ -104,4 +107,28 @@ func (s sharedTemplates) Find(ctx context.Context, team, ref string) (templates.
 	}
 	a.Runtime = b.Runtime
 	return a, nil
+}
+
+// builtinArtifacts is template.Artifacts for a cluster host: the built-in
+// templates' root file systems packed into the chunk store (as a custom
+// template's layers are), their roots in the cluster's database.
+type builtinArtifacts struct{ s sharedTemplates }
+
+func (b builtinArtifacts) Find(ctx context.Context, name, definition string) (string, error) {
+	return b.s.member.FindBuiltin(ctx, name, definition)
+}
+
+func (b builtinArtifacts) Publish(ctx context.Context, name, definition, rootfs string) (string, error) {
+	agent := strings.TrimPrefix(template.AgentDir, "/")
+	root, err := b.s.PutLayer(ctx, func(w io.Writer) error {
+		return layers.PackDir(rootfs, w, func(rel string) bool { return rel == agent })
+	})
+	if err != nil {
+		return "", err
+	}
+	return b.s.member.PublishBuiltin(ctx, name, definition, root)
+}
+
+func (b builtinArtifacts) Pull(ctx context.Context, root, dir string) error {
+	return b.s.GetLayer(ctx, root, func(r io.Reader) error { return layers.Unpack(r, dir) })
 }

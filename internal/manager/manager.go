@@ -61,8 +61,9 @@ type Config struct {
 	// AgentPath is the agent's executable inside sandboxes (per version:
 	// template.Registry.AgentPath).
 	AgentPath string
-	// RuntimeBuild identifies the runtime's build (runsc's version), which
-	// restores only images it wrote: it keys the warm images.
+	// RuntimeBuild identifies what restores only images it wrote: the
+	// runtime's build (runsc's version) and, on a cluster host, the built-in
+	// template's artifact ("<build>+base.<root>"). It keys the warm images.
 	RuntimeBuild string
 	// ForkDir holds fork's images, which live from the fork's checkpoint
 	// until its children are restored: memory (tmpfs) when there is some,

@@ -15,9 +15,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/templates"
@@ -42,14 +44,52 @@ const AgentDir = "/opt/cellfork"
 type Registry struct {
 	dataDir  string // <data>/templates
 	agentDir string // host directory holding AgentFiles
+	shared   Artifacts
 	mu       sync.Mutex
 	ready    map[string]string // name -> rootfs path
+	used     map[string]string // name -> the artifact's root (shared)
+}
+
+// Artifacts is where the hosts of a cluster share the built-in templates'
+// root file systems, so that a checkpoint taken on one host restores
+// against the very same files on another: each definition is built once
+// (by the first host that needs it), published, and every host pulls
+// those bytes (verified) into the same path,
+// <templates>/<name>/<definition>/<artifact>/rootfs, artifact being the
+// first 16 characters of the published root.
+type Artifacts interface {
+	// Find returns the root published for a template's definition ("" if
+	// none yet).
+	Find(ctx context.Context, name, definition string) (root string, err error)
+	// Publish packs rootfs, leaving out the agent's directory (each host
+	// installs its own), and records it for the definition unless another
+	// host did first; it returns the root on record.
+	Publish(ctx context.Context, name, definition, rootfs string) (root string, err error)
+	// Pull unpacks the root file system root names into dir, an empty
+	// directory.
+	Pull(ctx context.Context, root, dir string) error
+}
+
+// Share makes the registry take built-in templates' root file systems
+// from a cluster's artifacts (before the first Rootfs).
+func (r *Registry) Share(a Artifacts) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.shared = a
 }
 
 // NewRegistry returns a registry that keeps rootfs trees under dataDir and
 // installs the agent from agentDir.
 func NewRegistry(dataDir, agentDir string) *Registry {
-	return &Registry{dataDir: dataDir, agentDir: agentDir, ready: map[string]string{}}
+	return &Registry{dataDir: dataDir, agentDir: agentDir, ready: map[string]string{}, used: map[string]string{}}
+}
+
+// Artifact returns the root of the cluster artifact whose root file
+// system the template's Rootfs is ("": not shared, or not resolved yet).
+func (r *Registry) Artifact(name string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.used[name]
 }
 
 // Names returns the built-in template names (aliases resolve to them).
@@ -174,17 +214,116 @@ func (r *Registry) build(ctx context.Context, name string, progress io.Writer) (
 	if _, err := InUse(filepath.Join(dir, hash)); err != nil {
 		return "", err
 	}
-	if _, err := os.Stat(rootfs); err != nil {
-		fmt.Fprintf(progress, "template %s: building rootfs %s (debootstrap, a few minutes)\n", name, hash)
-		if err := runBuild(ctx, name, rootfs, progress); err != nil {
-			return "", fmt.Errorf("building template %s: %w", name, err)
+	if r.shared != nil {
+		if rootfs, err = r.artifact(ctx, name, hash, progress); err != nil {
+			return "", fmt.Errorf("template %s: %w", name, err)
 		}
+	} else if err := buildOnce(ctx, name, hash, rootfs, progress); err != nil {
+		return "", err
 	}
 	r.prune(dir, hash, progress)
 	if err := r.InstallAgent(rootfs); err != nil {
 		return "", fmt.Errorf("installing agent into template %s: %w", name, err)
 	}
 	return rootfs, nil
+}
+
+// buildOnce builds the template's rootfs unless it is there.
+func buildOnce(ctx context.Context, name, hash, rootfs string, progress io.Writer) error {
+	if _, err := os.Stat(rootfs); err == nil {
+		return nil
+	}
+	fmt.Fprintf(progress, "template %s: building rootfs %s (debootstrap, a few minutes)\n", name, hash)
+	if err := runBuild(ctx, name, rootfs, progress); err != nil {
+		return fmt.Errorf("building template %s: %w", name, err)
+	}
+	return nil
+}
+
+// artifactFile records, beside a definition's rootfs, the root of the
+// artifact this host last used: a host (re)started while the cluster's
+// database is down goes on with it.
+const artifactFile = "artifact"
+
+// artifact returns the rootfs of the template's published artifact for
+// definition hash, publishing this host's build first when nobody has, and
+// pulling it when it is not here. The caller holds the template's lock.
+func (r *Registry) artifact(ctx context.Context, name, hash string, progress io.Writer) (string, error) {
+	def := filepath.Join(r.dataDir, name, hash)
+	root, err := r.shared.Find(ctx, name, hash)
+	if err != nil {
+		b, rerr := os.ReadFile(filepath.Join(def, artifactFile))
+		last := strings.TrimSpace(string(b))
+		if rerr != nil || len(last) < 16 || !isDir(filepath.Join(def, last[:16], "rootfs")) {
+			return "", fmt.Errorf("finding its root file system in the cluster (and this host has none pulled before): %w", err)
+		}
+		fmt.Fprintf(progress, "template %s: the cluster does not answer (%v); using the root file system pulled before, %s\n", name, err, last[:16])
+		root = last
+	}
+	if root == "" {
+		local := filepath.Join(def, "rootfs")
+		if err := buildOnce(ctx, name, hash, local, progress); err != nil {
+			return "", err
+		}
+		// What InstallAgent adds besides the agent, in the artifact: the same
+		// file on every host.
+		if err := keepTmpOnRoot(local); err != nil {
+			return "", err
+		}
+		fmt.Fprintf(progress, "template %s: publishing its root file system to the cluster\n", name)
+		t0 := time.Now()
+		if root, err = r.shared.Publish(ctx, name, hash, local); err != nil {
+			return "", fmt.Errorf("publishing its root file system: %w", err)
+		}
+		fmt.Fprintf(progress, "template %s: published as %s in %v\n", name, root, time.Since(t0).Round(time.Millisecond))
+	}
+	if len(root) < 16 || strings.Trim(root, "0123456789abcdef") != "" {
+		return "", fmt.Errorf("the cluster names a malformed root %q for it", root)
+	}
+	adir := filepath.Join(def, root[:16])
+	rootfs := filepath.Join(adir, "rootfs")
+	if !isDir(rootfs) {
+		// Every host, the publisher too, unpacks the same bytes.
+		fmt.Fprintf(progress, "template %s: pulling its root file system %s from the cluster\n", name, root[:16])
+		t0 := time.Now()
+		tmp := adir + ".tmp-" + strconv.Itoa(os.Getpid())
+		_ = os.RemoveAll(tmp)
+		if err := os.MkdirAll(filepath.Join(tmp, "rootfs"), 0o755); err != nil {
+			return "", err
+		}
+		if err := r.shared.Pull(ctx, root, filepath.Join(tmp, "rootfs")); err != nil {
+			_ = os.RemoveAll(tmp)
+			return "", fmt.Errorf("pulling its root file system %s: %w", root, err)
+		}
+		if err := os.Rename(tmp, adir); err != nil {
+			_ = os.RemoveAll(tmp)
+			return "", err
+		}
+		fmt.Fprintf(progress, "template %s: pulled in %v\n", name, time.Since(t0).Round(time.Millisecond))
+	}
+	if _, err := InUse(adir); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(def, artifactFile), []byte(root+"\n"), 0o644); err != nil {
+		return "", err
+	}
+	r.used[name] = root
+	// Older artifacts of this definition that no daemon uses.
+	entries, _ := os.ReadDir(def)
+	for _, e := range entries {
+		switch n := e.Name(); {
+		case strings.Contains(n, ".tmp-"): // a pull that died (pulls hold the lock)
+			_ = os.RemoveAll(filepath.Join(def, n))
+		case e.IsDir() && len(n) == 16 && n != root[:16] && Prune(filepath.Join(def, n)):
+			fmt.Fprintf(progress, "template %s: removed old artifact %s\n", name, n)
+		}
+	}
+	return rootfs, nil
+}
+
+func isDir(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
 }
 
 func runBuild(ctx context.Context, name, rootfs string, progress io.Writer) error {

@@ -21,7 +21,8 @@ import (
 // every host creates sandboxes from them. A build's artifact is what
 // another host needs to start the template exactly as its builder did: the
 // layers of its root file system (each packed into the chunk store; a base
-// that is the built-in template's root stays a path every host has) and
+// that is the built-in template's root stays a path every host has: the
+// built-in template's cluster artifact, template.Artifacts) and
 // its warm image, published under the team's names and tags before the
 // build reports ready. A host asked for a template it does not have finds
 // the artifact, pulls it (every chunk verified), assembles the same root

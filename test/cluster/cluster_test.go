@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/cellfork/cellfork/internal/clusterdb"
+	"github.com/cellfork/cellfork/internal/template"
 )
 
 // TestCluster runs the cluster's tests in order: the later ones break the
@@ -21,6 +24,7 @@ func TestCluster(t *testing.T) {
 		f    func(*testing.T)
 	}{
 		{"routes", testRoutes},
+		{"template-artifact", testTemplateArtifact},
 		{"traces", testTraces},
 		{"auth", testAuthAtTheEdge},
 		{"placement", testPlacementSaysWhy},
@@ -266,4 +270,43 @@ func tailOf(s string, n int) string {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+// testTemplateArtifact: one host published the built-in template's root
+// file system, and every host runs on those bytes at the same path, with
+// the artifact in the runtime identity rows and placement match on.
+func testTemplateArtifact(t *testing.T) {
+	ctx := context.Background()
+	db, err := clusterdb.Open(ctx, c.PG.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	def, err := template.Hash("base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := db.BuiltinRoot(ctx, "base", def)
+	if err != nil || len(root) != 64 {
+		t.Fatalf("the built-in template's artifact: %q, %v", root, err)
+	}
+	if fi, err := os.Stat(filepath.Join(c.Opts().TemplateDir, "base", def, root[:16], "rootfs", "usr", "bin", "python3")); err != nil || fi.Size() == 0 {
+		t.Fatalf("the artifact's rootfs: %v", err)
+	}
+	hosts, err := db.Hosts(ctx, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hosts {
+		if !strings.HasSuffix(h.Versions["runsc"], "+base."+root[:16]) {
+			t.Errorf("host %d runs %q, not on the artifact %s", h.Slot, h.Versions["runsc"], root[:16])
+		}
+	}
+	published := 0
+	for _, h := range c.Hosts {
+		published += strings.Count(h.Logs(), "publishing its root file system")
+	}
+	if published != 1 {
+		t.Errorf("the artifact was published %d times, not once", published)
+	}
 }

@@ -654,17 +654,12 @@ func rowsIntact(t *testing.T) {
 			logsAbout(t, append(names, root[:16])...)
 			continue
 		}
-		var keys []string
+		// The S3 server keeps each object as a file under StoreDir: a stat
+		// each, not a request each (the built-in template's artifact
+		// alone names 46,000 chunks).
 		for _, h := range m.Hashes() {
-			keys = append(keys, chunkstore.ChunkKey(h))
-		}
-		has, err := s.Backend().Has(ctx, keys)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, ok := range has {
-			if !ok {
-				t.Errorf("manifest %s names chunk %s, which is not in the store", root, keys[i])
+			if _, err := os.Stat(filepath.Join(c.StoreDir, chunkstore.ChunkKey(h))); err != nil {
+				t.Errorf("manifest %s names chunk %s, which is not in the store: %v", root, chunkstore.ChunkKey(h), err)
 			}
 		}
 	}

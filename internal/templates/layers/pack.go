@@ -39,7 +39,13 @@ func (s *Store) Pack(id string, w io.Writer) error {
 	if l.External != "" {
 		return errdefs.New(errdefs.ErrFailedPrecondition, "layer %s is the external root file system %s", id, l.External)
 	}
-	root := s.DiffPath(id)
+	return PackDir(s.DiffPath(id), w, nil)
+}
+
+// PackDir writes the files under root to w as Pack does, leaving out the
+// directories skip names (relative, slash-separated; nil: none). Unpack
+// reads it back.
+func PackDir(root string, w io.Writer, skip func(rel string) bool) error {
 	tw := tar.NewWriter(w)
 	seen := map[[2]uint64]string{} // inode -> first name, for hard links
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
@@ -49,6 +55,9 @@ func (s *Store) Pack(id string, w io.Writer) error {
 		rel, err := filepath.Rel(root, p)
 		if err != nil {
 			return err
+		}
+		if skip != nil && d.IsDir() && rel != "." && skip(filepath.ToSlash(rel)) {
+			return fs.SkipDir
 		}
 		fi, err := d.Info()
 		if err != nil {
@@ -135,7 +144,7 @@ func (s *Store) Adopt(l Layer, r io.Reader) (*Layer, error) {
 			os.RemoveAll(tmp)
 		}
 	}()
-	if err := unpack(r, diff); err != nil {
+	if err := Unpack(r, diff); err != nil {
 		return nil, fmt.Errorf("layer %s: %w", l.ID, err)
 	}
 	size, err := DiskUsage(nil, diff)
@@ -161,10 +170,11 @@ func (s *Store) Adopt(l Layer, r io.Reader) (*Layer, error) {
 	return &c, nil
 }
 
-// unpack writes Pack's stream under root. Entries come parents first; an
-// entry whose parent is not a directory this stream made (a symbolic link
-// on the way) is refused, so nothing is written outside root.
-func unpack(r io.Reader, root string) error {
+// Unpack writes Pack's (or PackDir's) stream under root, an existing
+// directory. Entries come parents first; an entry whose parent is not a
+// directory this stream made (a symbolic link on the way) is refused, so
+// nothing is written outside root.
+func Unpack(r io.Reader, root string) error {
 	tr := tar.NewReader(r)
 	var dirs []dirTime
 	for {

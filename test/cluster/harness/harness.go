@@ -309,6 +309,9 @@ func (c *Cluster) addHost(n int, region string) (*Host, error) {
 	return h, nil
 }
 
+// Opts returns the options the cluster was started with.
+func (c *Cluster) Opts() Options { return c.opts }
+
 // Start starts (or restarts) the process and waits until it answers.
 func (p *Proc) Start() error {
 	p.mu.Lock()
