@@ -14,7 +14,8 @@ func (db *DB) StoreRoots(ctx context.Context) ([]string, error) {
 	rows, err := db.pool.Query(ctx, `SELECT store_root FROM sandboxes WHERE store_root <> ''
 		UNION SELECT store_root FROM snapshots WHERE store_root <> ''
 		UNION SELECT unnest(roots) FROM template_builds
-		UNION SELECT root FROM builtin_templates`)
+		UNION SELECT root FROM builtin_templates
+		UNION SELECT root FROM builtin_warm_images`)
 	if err != nil {
 		return nil, unavailable(err)
 	}

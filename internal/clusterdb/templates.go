@@ -78,26 +78,48 @@ func nonNil(s []string) []string {
 // BuiltinRoot returns the root published for a built-in template's
 // definition ("" if none yet).
 func (db *DB) BuiltinRoot(ctx context.Context, name, definition string) (string, error) {
+	return db.builtinRoot(ctx, "builtin_templates", "definition", name, definition)
+}
+
+// PublishBuiltin records root for a built-in template's definition unless
+// a root is recorded already, and returns the root on record.
+func (db *DB) PublishBuiltin(ctx context.Context, name, definition, root string) (string, error) {
+	return db.publishBuiltin(ctx, "builtin_templates", "definition", name, definition, root)
+}
+
+// WarmImageRoot returns the root of the warm image published for a
+// built-in template's warm key ("" if none yet).
+func (db *DB) WarmImageRoot(ctx context.Context, name, key string) (string, error) {
+	return db.builtinRoot(ctx, "builtin_warm_images", "warm_key", name, key)
+}
+
+// PublishWarmImage records root for a built-in template's warm key unless
+// a root is recorded already, and returns the root on record.
+func (db *DB) PublishWarmImage(ctx context.Context, name, key, root string) (string, error) {
+	return db.publishBuiltin(ctx, "builtin_warm_images", "warm_key", name, key, root)
+}
+
+// builtinRoot and publishBuiltin read and write table (one of the two
+// above, keyed by name and col).
+func (db *DB) builtinRoot(ctx context.Context, table, col, name, key string) (string, error) {
 	var root string
-	err := db.pool.QueryRow(ctx, `SELECT root FROM builtin_templates WHERE name = $1 AND definition = $2`, name, definition).Scan(&root)
+	err := db.pool.QueryRow(ctx, `SELECT root FROM `+table+` WHERE name = $1 AND `+col+` = $2`, name, key).Scan(&root)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", nil
 	}
 	return root, unavailable(err)
 }
 
-// PublishBuiltin records root for a built-in template's definition unless
-// a root is recorded already, and returns the root on record.
-func (db *DB) PublishBuiltin(ctx context.Context, name, definition, root string) (string, error) {
+func (db *DB) publishBuiltin(ctx context.Context, table, col, name, key, root string) (string, error) {
 	var got string
 	err := db.pool.QueryRow(ctx, `WITH i AS (
-			INSERT INTO builtin_templates (name, definition, root) VALUES ($1, $2, $3)
-			ON CONFLICT (name, definition) DO NOTHING RETURNING root)
-		SELECT root FROM i UNION ALL SELECT root FROM builtin_templates WHERE name = $1 AND definition = $2`,
-		name, definition, root).Scan(&got)
+			INSERT INTO `+table+` (name, `+col+`, root) VALUES ($1, $2, $3)
+			ON CONFLICT (name, `+col+`) DO NOTHING RETURNING root)
+		SELECT root FROM i UNION ALL SELECT root FROM `+table+` WHERE name = $1 AND `+col+` = $2`,
+		name, key, root).Scan(&got)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Another host's insert committed after this statement's snapshot.
-		if got, err = db.BuiltinRoot(ctx, name, definition); err == nil && got == "" {
+		if got, err = db.builtinRoot(ctx, table, col, name, key); err == nil && got == "" {
 			err = errors.New("a built-in template's record vanished while it was published")
 		}
 		return got, err

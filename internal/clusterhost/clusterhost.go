@@ -336,10 +336,6 @@ func (m *Member) mark(set map[string]bool, id string) {
 }
 
 // Start runs the heartbeat and the sync until ctx ends.
-// SetRuntime replaces Config.Runtime, before Start: what an image this
-// host writes needs of another host to restore there.
-func (m *Member) SetRuntime(id string) { m.cfg.Runtime = id }
-
 func (m *Member) Start(ctx context.Context, host Host) {
 	m.host = host
 	m.markAll(ctx)

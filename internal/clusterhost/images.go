@@ -129,20 +129,20 @@ func (m *Member) FindTemplate(ctx context.Context, team, name, tag string) (clus
 	return b, nil
 }
 
-// FindBuiltin returns the root published for a built-in template's
-// definition ("" if none yet).
-func (m *Member) FindBuiltin(ctx context.Context, name, definition string) (string, error) {
+// WarmImage returns the root of the warm image published for a built-in
+// template's warm key ("" if none yet).
+func (m *Member) WarmImage(ctx context.Context, name, key string) (string, error) {
 	if m.db == nil {
 		return "", errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable; retry later")
 	}
-	return m.db.BuiltinRoot(ctx, name, definition)
+	return m.db.WarmImageRoot(ctx, name, key)
 }
 
-// PublishBuiltin records root for a built-in template's definition unless
+// PublishWarm records root for a built-in template's warm key unless
 // another host did first, and returns the root on record.
-func (m *Member) PublishBuiltin(ctx context.Context, name, definition, root string) (string, error) {
+func (m *Member) PublishWarm(ctx context.Context, name, key, root string) (string, error) {
 	if m.db == nil {
 		return "", errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable; retry later")
 	}
-	return m.db.PublishBuiltin(ctx, name, definition, root)
+	return m.db.PublishWarmImage(ctx, name, key, root)
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/cellfork/cellfork/internal/api"
 	"github.com/cellfork/cellfork/internal/box"
+	"github.com/cellfork/cellfork/internal/clusterdb"
 	"github.com/cellfork/cellfork/internal/clusterhost"
 	"github.com/cellfork/cellfork/internal/manager"
 	"github.com/cellfork/cellfork/internal/metrics"
@@ -228,6 +229,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	// is the same bytes at the same path on every host that has it).
 	runtimeID := grt.Build()
 	if clustered {
+		// The template first: a host joins (and heartbeats) once it can
+		// take sandboxes, not while it pulls 2 GB.
+		if err := clusterTemplate(ctx, cfg, tpl, images, out); err != nil {
+			return err
+		}
+		if a := tpl.Artifact("base"); a != "" {
+			runtimeID += "+base." + a[:16]
+		}
 		cfg.Cluster.DataDir, cfg.Cluster.Runtime = cfg.DataDir, runtimeID
 		if cfg.Cluster.Advertise == "" {
 			cfg.Cluster.Advertise = cfg.Addr
@@ -239,17 +248,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		deps.Store, deps.IDs, apiCfg.Auth = member.Store(st), member.IDs(), member.Auth()
 		if images != nil {
 			deps.Cluster = member // the hosts' snapshots come through the store
-			if err := os.MkdirAll(filepath.Join(cfg.DataDir, "tmp"), 0o700); err != nil {
-				return err
-			}
-			tpl.Share(builtinArtifacts{sharedTemplates{member: member, images: images, tmp: filepath.Join(cfg.DataDir, "tmp")}})
-		}
-		if _, err := tpl.Rootfs(ctx, "base", out); err != nil {
-			return err
-		}
-		if a := tpl.Artifact("base"); a != "" {
-			runtimeID += "+base." + a[:16]
-			member.SetRuntime(runtimeID)
 		}
 		fmt.Fprintf(out, "cellfork: host slot %d of the cluster, region %s\n", member.Slot(), cfg.Cluster.Region)
 	}
@@ -267,7 +265,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	var shared templates.Shared
 	if member != nil && images != nil {
 		// A cluster's templates travel through the chunk store.
-		shared = sharedTemplates{member: member, images: images, tmp: filepath.Join(cfg.DataDir, "tmp")}
+		tmp := filepath.Join(cfg.DataDir, "tmp")
+		if err := os.MkdirAll(tmp, 0o700); err != nil {
+			return err
+		}
+		shared = sharedTemplates{member: member, images: images, tmp: tmp}
 	}
 	if !clustered || shared != nil {
 		if svc, err = openTemplates(cfg, m, tpl, shared, log); err != nil {
@@ -295,6 +297,29 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 	}
 	apiCfg.Metrics, apiCfg.Host, apiCfg.Tracing = mh, src, tracing
 	return serve(ctx, cfg.Addr, api.New(apiCfg, m, log), log, out)
+}
+
+// clusterTemplate resolves a cluster host's built-in template: with a
+// shared chunk store, the cluster's artifact (published by this host if it
+// is the first), else the host's own build. The database is asked over a
+// connection of its own: an unreachable one leaves the artifact this host
+// pulled before (template.Registry.Share).
+func clusterTemplate(ctx context.Context, cfg Config, tpl *template.Registry, images manager.ImageStore, out io.Writer) error {
+	if images != nil {
+		dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		db, err := clusterdb.Open(dctx, cfg.Cluster.URL)
+		cancel()
+		if err == nil {
+			defer db.Close()
+		}
+		tmp := filepath.Join(cfg.DataDir, "tmp")
+		if err := os.MkdirAll(tmp, 0o700); err != nil {
+			return err
+		}
+		tpl.Share(builtinArtifacts{db: db, dbErr: err, layers: sharedTemplates{images: images, tmp: tmp}})
+	}
+	_, err := tpl.Rootfs(ctx, "base", out)
+	return err
 }
 
 // hostView is what a cluster member needs of the manager.

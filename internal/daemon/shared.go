@@ -111,24 +111,35 @@ func (s sharedTemplates) Find(ctx context.Context, team, ref string) (templates.
 
 // builtinArtifacts is template.Artifacts for a cluster host: the built-in
 // templates' root file systems packed into the chunk store (as a custom
-// template's layers are), their roots in the cluster's database.
-type builtinArtifacts struct{ s sharedTemplates }
+// template's layers are), their roots in the cluster's database (db; nil
+// when it did not answer, for dbErr).
+type builtinArtifacts struct {
+	db     *clusterdb.DB
+	dbErr  error
+	layers sharedTemplates // its layer methods, which need no member
+}
 
 func (b builtinArtifacts) Find(ctx context.Context, name, definition string) (string, error) {
-	return b.s.member.FindBuiltin(ctx, name, definition)
+	if b.db == nil {
+		return "", errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable: %v", b.dbErr)
+	}
+	return b.db.BuiltinRoot(ctx, name, definition)
 }
 
 func (b builtinArtifacts) Publish(ctx context.Context, name, definition, rootfs string) (string, error) {
+	if b.db == nil {
+		return "", errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable: %v", b.dbErr)
+	}
 	agent := strings.TrimPrefix(template.AgentDir, "/")
-	root, err := b.s.PutLayer(ctx, func(w io.Writer) error {
+	root, err := b.layers.PutLayer(ctx, func(w io.Writer) error {
 		return layers.PackDir(rootfs, w, func(rel string) bool { return rel == agent })
 	})
 	if err != nil {
 		return "", err
 	}
-	return b.s.member.PublishBuiltin(ctx, name, definition, root)
+	return b.db.PublishBuiltin(ctx, name, definition, root)
 }
 
 func (b builtinArtifacts) Pull(ctx context.Context, root, dir string) error {
-	return b.s.GetLayer(ctx, root, func(r io.Reader) error { return layers.Unpack(r, dir) })
+	return b.layers.GetLayer(ctx, root, func(r io.Reader) error { return layers.Unpack(r, dir) })
 }

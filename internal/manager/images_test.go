@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -351,6 +352,35 @@ type otherHost struct {
 	roots    []string
 	round    bool
 	rootsErr error
+	warm     *warmTable // the cluster's warm images (nil: none, never any)
+}
+
+// warmTable is the cluster's record of built-in warm images.
+type warmTable struct {
+	mu    sync.Mutex
+	roots map[string]string // name + " " + key -> root
+}
+
+func (o otherHost) WarmImage(_ context.Context, name, key string) (string, error) {
+	if o.warm == nil {
+		return "", nil
+	}
+	o.warm.mu.Lock()
+	defer o.warm.mu.Unlock()
+	return o.warm.roots[name+" "+key], nil
+}
+
+func (o otherHost) PublishWarm(_ context.Context, name, key, root string) (string, error) {
+	if o.warm == nil {
+		return root, nil
+	}
+	o.warm.mu.Lock()
+	defer o.warm.mu.Unlock()
+	if have := o.warm.roots[name+" "+key]; have != "" {
+		return have, nil
+	}
+	o.warm.roots[name+" "+key] = root
+	return root, nil
 }
 
 func (o otherHost) StoreRoots(context.Context, time.Duration) ([]string, bool, error) {
@@ -696,5 +726,89 @@ func TestUploadsGoOnDuringACollection(t *testing.T) {
 	}
 	if grace <= e.cfg.StoreGCGrace {
 		t.Errorf("the collection's grace %v does not cover the time since its roots were read (configured %v)", grace, e.cfg.StoreGCGrace)
+	}
+}
+
+// TestWarmImageSharedByTheCluster: the first host of a cluster to start
+// builds the built-in template's warm image and publishes it; the next
+// pulls that image instead of booting its own, and its sandboxes start
+// from it; a host that built its own while another published first takes
+// the published one.
+func TestWarmImageSharedByTheCluster(t *testing.T) {
+	images := newMemImages()
+	table := &warmTable{roots: map[string]string{}}
+	host := func() *env { // a new host of the cluster: no warm image yet
+		e := newEnv(t, nil)
+		e.m.Close()
+		os.RemoveAll(filepath.Join(e.dir, "templates", "base", "warm-k1"))
+		e.images, e.cluster = images, otherHost{warm: table}
+		e.start()
+		return e
+	}
+	warm := func(e *env) []byte {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(e.dir, "templates", "base", "warm-k1", "checkpoint.img"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	a := host()
+	root := table.roots["base k1"]
+	if root == "" || !images.has(root) {
+		t.Fatalf("the first host published nothing: %v", table.roots)
+	}
+	exports := images.exports
+	b := host()
+	if !bytes.Equal(warm(a), warm(b)) || !bytes.Contains(warm(b), []byte(a.dir)) {
+		t.Fatalf("the second host's warm image is not the first's:\n%s\n%s", warm(a), warm(b))
+	}
+	if images.exports != exports || table.roots["base k1"] != root {
+		t.Errorf("the second host published again: %d exports (%d before), %v", images.exports, exports, table.roots)
+	}
+	// (Its sandboxes would restore it against the first host's rootfs path,
+	// which a cluster's hosts share: the built-in template's artifact. Two
+	// fake hosts in one process cannot, so no create here; the cluster
+	// suite creates from the pulled image on every host.)
+
+	// Built while another host published first: it takes that one.
+	c := newEnv(t, nil) // built its own, alone
+	c.m.Close()
+	os.RemoveAll(filepath.Join(c.dir, "templates", "base", "warm-k1"))
+	c.images, c.cluster = images, racingWarm{otherHost{warm: &warmTable{roots: map[string]string{}}}, root}
+	c.start()
+	if !bytes.Equal(warm(c), warm(a)) {
+		t.Errorf("a host that lost the race kept its own warm image:\n%s", warm(c))
+	}
+}
+
+// racingWarm finds no warm image, but another host's root wins its publish.
+type racingWarm struct {
+	otherHost
+	winner string
+}
+
+func (r racingWarm) PublishWarm(context.Context, string, string, string) (string, error) {
+	return r.winner, nil
+}
+
+// TestWarmImagePublishedOnce: a host that had its warm image before it
+// started publishes it when the cluster has none (a cluster upgraded to
+// shared warm images), and keeps it, without publishing, when the cluster
+// has one (a restart after a pull).
+func TestWarmImagePublishedOnce(t *testing.T) {
+	images := newMemImages()
+	table := &warmTable{roots: map[string]string{}}
+	e := newEnv(t, nil)
+	e.m.Close()
+	e.images, e.cluster = images, otherHost{warm: table}
+	e.start()
+	root := table.roots["base k1"]
+	if root == "" || images.exports != 1 {
+		t.Fatalf("published %q in %d exports", root, images.exports)
+	}
+	e.restart()
+	if table.roots["base k1"] != root || images.exports != 1 {
+		t.Errorf("a restart published again: %v, %d exports", table.roots, images.exports)
 	}
 }

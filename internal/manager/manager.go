@@ -124,6 +124,12 @@ type Cluster interface {
 	// roots the cluster keeps: its snapshots' and paused sandboxes'
 	// images. ok is false when the round is another host's.
 	StoreRoots(ctx context.Context, every time.Duration) (roots []string, ok bool, err error)
+	// WarmImage returns the root of the warm image published for a
+	// built-in template's warm key ("" if none yet); PublishWarm records
+	// root for it unless another host did first, and returns the root on
+	// record.
+	WarmImage(ctx context.Context, name, key string) (string, error)
+	PublishWarm(ctx context.Context, name, key, root string) (string, error)
 }
 
 // Manager owns the live sandboxes. Safe for concurrent use.

@@ -37,13 +37,18 @@ func (m *Manager) Warm(ctx context.Context, name string) error {
 		return err
 	}
 	defer unlock()
-	if !complete(image) {
+	switch {
+	case complete(image):
+		m.publishWarm(ctx, name, key, image, true)
+	case m.pullWarm(ctx, name, key, image):
+	default:
 		t0 := time.Now()
 		m.log.Info("building warm image", "template", name, "preimport", strings.Join(template.Preimport(name), ","))
 		if err := m.buildWarm(ctx, name, rootfs, image); err != nil {
 			return fmt.Errorf("building warm image of %s: %w", name, err)
 		}
 		m.log.Info("warm image ready", "template", name, "ms", time.Since(t0).Milliseconds())
+		m.publishWarm(ctx, name, key, image, false)
 	}
 	// Held until the daemon exits: pool refills and creates restore it.
 	if _, err := template.InUse(image); err != nil {
@@ -53,6 +58,81 @@ func (m *Manager) Warm(ctx context.Context, name string) error {
 	m.pool.SetWarm(name, pool.Warm{Rootfs: rootfs, Image: image, Limits: limits})
 	m.remember(image)
 	return nil
+}
+
+// warmMeta is what a built-in template's warm image is stored with: the
+// same as the store notes it with (ImageStore.Remember), so that both name
+// one root and the images written over it share one base on every host.
+var warmMeta = map[string]string{"kind": "warm-image"}
+
+// pullWarm imports the warm image another host of the cluster published
+// for the template's warm key into image, and reports whether it did (if
+// not, the caller builds its own). The caller holds the warm lock.
+func (m *Manager) pullWarm(ctx context.Context, name, key, image string) bool {
+	if m.cluster == nil || m.images == nil {
+		return false
+	}
+	root, err := m.cluster.WarmImage(ctx, name, key)
+	if err != nil || root == "" {
+		if err != nil {
+			m.log.Warn("finding the cluster's warm image; building this host's own", "template", name, "err", err)
+		}
+		return false
+	}
+	t0 := time.Now()
+	if err := m.importWarm(ctx, root, image); err != nil {
+		m.log.Warn("pulling the cluster's warm image; building this host's own", "template", name, "root", root, "err", err)
+		return false
+	}
+	m.log.Info("warm image pulled from the cluster", "template", name, "root", root, "ms", time.Since(t0).Milliseconds())
+	return true
+}
+
+// importWarm imports root into image (replacing what is there), beside it
+// first.
+func (m *Manager) importWarm(ctx context.Context, root, image string) error {
+	tmp := image + ".tmp-pull"
+	_ = os.RemoveAll(tmp)
+	if _, err := m.images.Import(ctx, root, tmp); err != nil {
+		return err
+	}
+	_ = os.RemoveAll(image) // an incomplete one
+	if err := os.Rename(tmp, image); err != nil {
+		_ = os.RemoveAll(tmp)
+		return err
+	}
+	return nil
+}
+
+// publishWarm stores the warm image this host has and records it for the
+// template's warm key; with unlessAny (an image this host had before it
+// started, which it may have pulled), only when none is recorded. Another
+// host that published first wins: this host then takes that one instead
+// (a sandbox restored from its own keeps the file it mapped), so that
+// every host restores the same image. Failures leave this host on its own
+// image, which is as good for it.
+func (m *Manager) publishWarm(ctx context.Context, name, key, image string, unlessAny bool) {
+	if m.cluster == nil || m.images == nil {
+		return
+	}
+	if unlessAny {
+		if root, err := m.cluster.WarmImage(ctx, name, key); err != nil || root != "" {
+			return
+		}
+	}
+	root, _, err := m.images.Export(ctx, image, warmMeta)
+	if err == nil {
+		var got string
+		if got, err = m.cluster.PublishWarm(ctx, name, key, root); err == nil && got != root {
+			err = m.importWarm(ctx, got, image)
+			root = got
+		}
+	}
+	if err != nil {
+		m.log.Warn("publishing the warm image to the cluster", "template", name, "err", err)
+		return
+	}
+	m.log.Info("warm image published to the cluster", "template", name, "root", root)
 }
 
 func (m *Manager) buildWarm(ctx context.Context, name, rootfs, image string) error {

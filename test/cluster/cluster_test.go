@@ -43,6 +43,7 @@ func TestCluster(t *testing.T) {
 		{"store-outage", testStoreOutage},
 		{"store-collects", testStoreCollects},
 		{"host-killed", testHostKilled},
+		{"new-host", testNewHostPulls},
 	} {
 		if !t.Run(tc.name, tc.f) && tc.name == "routes" {
 			return // nothing else can work
@@ -308,5 +309,73 @@ func testTemplateArtifact(t *testing.T) {
 	}
 	if published != 1 {
 		t.Errorf("the artifact was published %d times, not once", published)
+	}
+}
+
+// testNewHostPulls: a machine that joins the cluster with an empty
+// template directory pulls the built-in template's root file system and
+// warm image from the cluster instead of building them (it could not:
+// debootstrap has no network here), then runs sandboxes from that image
+// and restores a snapshot another host took.
+func testNewHostPulls(t *testing.T) {
+	ctx := context.Background()
+	src := create(t, "eu", nil)
+	if out, status := runCode(t, "eu", src, `x = "taken on another host"; print(len(x))`); out != "21\n" {
+		t.Fatalf("setting state up: %d %q", status, out)
+	}
+	r := do(t, "eu", "POST", "/sandboxes/"+src.ID+"/snapshots", nil, nil)
+	var sn struct {
+		ID string `json:"snapshotID"`
+	}
+	if r.status != 201 {
+		t.Fatalf("snapshot: %d %s", r.status, r.body)
+	}
+	r.json(t, &sn)
+	waitUploaded(t, sn.ID)
+
+	t0 := time.Now()
+	h, err := c.AddHost(ctx, "eu", filepath.Join(c.Opts().Dir, "new-host-templates"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the new host joined in %v", time.Since(t0).Round(time.Millisecond))
+	logs := h.Logs()
+	for _, want := range []string{"pulling its root file system", "warm image pulled from the cluster"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the new host's log does not say %q", want)
+		}
+	}
+	for _, not := range []string{"building rootfs", "building warm image", "publishing its root file system"} {
+		if strings.Contains(logs, not) {
+			t.Errorf("the new host's log says %q", not)
+		}
+	}
+	// Only the new host takes creates.
+	for _, o := range c.Hosts {
+		if o != h && o.Region == "eu" {
+			if err := c.Admin(ctx, "cordon", fmt.Sprint(o.N)); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := c.Admin(ctx, "activate", fmt.Sprint(o.N)); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+	}
+	time.Sleep(1500 * time.Millisecond) // the gateways' next refresh
+	sb := create(t, "eu", nil)
+	if hostOf(t, sb) != h {
+		t.Fatalf("created on host %d, not the new one", hostOf(t, sb).N)
+	}
+	if out, status := runCode(t, "eu", sb, "print(6*7)"); out != "42\n" {
+		t.Errorf("run_code on the new host: %d %q", status, out)
+	}
+	from := create(t, "eu", map[string]any{"templateID": sn.ID})
+	if hostOf(t, from) != h {
+		t.Fatalf("the snapshot's sandbox is on host %d, not the new one", hostOf(t, from).N)
+	}
+	if out, status := runCode(t, "eu", from, "print(x)"); out != "taken on another host\n" {
+		t.Errorf("the snapshot's state on the new host: %d %q", status, out)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,6 +60,8 @@ type Options struct {
 // Cluster is a running cluster.
 type Cluster struct {
 	opts     Options
+	hostEnv  []string // every host's environment and extra flags (tracing)
+	hostArgs []string
 	tag      string
 	subnet   string // "10.77.N"
 	bridge   string
@@ -89,7 +92,7 @@ type Proc struct {
 // Host is one host of the cluster.
 type Host struct {
 	Proc
-	N       int
+	N       int // its slot (the hosts Start makes: 1, 2, ... in order)
 	Region  string
 	NS      string
 	DataDir string
@@ -200,12 +203,12 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		return c, err
 	}
 	c.Key = strings.TrimSpace(key)
+	c.hostEnv, c.hostArgs = env, tracing
 	for i, r := range o.HostRegions {
 		h, err := c.addHost(i+1, r)
 		if err != nil {
 			return c, err
 		}
-		h.env, h.args = append(h.env, env...), append(h.args, tracing...)
 		c.Hosts = append(c.Hosts, h)
 	}
 	// One host at a time: the first builds (or finds) the warm image the
@@ -302,11 +305,39 @@ func (c *Cluster) addHost(n int, region string) (*Host, error) {
 	args := []string{"nsenter", "--net=/run/netns/" + h.NS, "--", c.opts.Bin, "serve", "--cluster", c.PG.URL, "--region", region,
 		"--addr", h.Addr, "--data-dir", h.DataDir, "--template-dir", c.opts.TemplateDir,
 		"--pool-ready", "0", "--pool-shells", "0", "--standby-snapshots", "0", "-v", "--store", c.Store}
-	h.args = append(args, c.opts.HostFlags...)
+	h.args = append(append(args, c.opts.HostFlags...), c.hostArgs...)
 	if c.S3 != nil {
 		h.env = c.S3.Env()
 	}
+	h.env = append(h.env, c.hostEnv...)
 	return h, nil
+}
+
+// AddHost adds a host of region to the running cluster with its own,
+// empty template directory (as a new machine joining the cluster has),
+// starts it and waits until the gateways route to it. It has the next
+// slot.
+func (c *Cluster) AddHost(ctx context.Context, region, templateDir string) (*Host, error) {
+	h, err := c.addHost(len(c.Hosts)+1, region)
+	if err != nil {
+		return nil, err
+	}
+	for i := range h.args {
+		if h.args[i] == "--template-dir" {
+			h.args[i+1] = templateDir
+		}
+	}
+	c.Hosts = append(c.Hosts, h)
+	if err := h.Start(); err != nil {
+		return h, err
+	}
+	// Its slot: registrations since the cluster started (a host that
+	// registers again takes a number from the sequence too) may have
+	// moved it past len(Hosts).
+	if m := regexp.MustCompile(`msg="joined the cluster".* slot=(\d+)`).FindAllStringSubmatch(h.Logs(), -1); len(m) > 0 {
+		h.N, _ = strconv.Atoi(m[len(m)-1][1])
+	}
+	return h, c.waitHosts(ctx, region)
 }
 
 // Opts returns the options the cluster was started with.
