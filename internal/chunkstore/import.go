@@ -129,18 +129,39 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 	var fetched, corrupt atomic.Int64
 	var fetchedBytes atomic.Int64
 	if s.cache != nil {
-		var missing []Hash
+		var missing, packed []Hash
 		var total int64
 		for _, h := range order {
 			if !s.cache.has(ChunkKey(h)) {
-				missing = append(missing, h)
+				if _, _, ok := m.Locate(h); ok {
+					packed = append(packed, h)
+				} else {
+					missing = append(missing, h)
+				}
 				total += int64(distinct[h])
 			}
 		}
-		st.Present = len(order) - len(missing)
+		st.Present = len(order) - len(missing) - len(packed)
 		var done atomic.Int64
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(s.parallel)
+		// Packed chunks by ranged reads of their packs, each chunk
+		// verified, then cached on its own.
+		sps := spans(m, packed, func(h Hash) int { return distinct[h] })
+		st.Packs = len(sps)
+		for _, sp := range sps {
+			if gctx.Err() != nil {
+				break
+			}
+			g.Go(func() error {
+				return s.readSpan(gctx, sp, func(h Hash, data []byte) {
+					s.cache.put(ChunkKey(h), data)
+					fetched.Add(1)
+					fetchedBytes.Add(int64(len(data)))
+					s.report("import", "fetch", done.Add(int64(len(data))), total)
+				})
+			})
+		}
 		for _, h := range missing {
 			if gctx.Err() != nil {
 				break
@@ -197,7 +218,7 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 						corrupt.Add(1)
 					}
 				}
-				data, err := s.fetch(gctx, c.Hash, c.Size)
+				data, err := s.fetchAt(gctx, m, c.Hash, c.Size)
 				if err != nil {
 					return err
 				}
@@ -275,6 +296,18 @@ type run struct {
 	off    int64
 	bytes  int
 	chunks []Chunk
+}
+
+// fetchAt reads chunk h of manifest m from where the store holds it (its
+// pack, or an object of its own) and verifies it.
+func (s *Store) fetchAt(ctx context.Context, m *Manifest, h Hash, size int) ([]byte, error) {
+	pack, off, ok := m.Locate(h)
+	if !ok {
+		return s.fetch(ctx, h, size)
+	}
+	var data []byte
+	err := s.readSpan(ctx, span{pack: pack, off: off, n: size, chunks: []spanChunk{{h, off, size}}}, func(_ Hash, b []byte) { data = b })
+	return data, err
 }
 
 // fetch reads chunk h from the store and verifies it: a chunk that does
