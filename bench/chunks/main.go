@@ -31,7 +31,7 @@ import (
 func main() {
 	images := flag.String("images", "", "directory with warm/, a/, b/ and optionally big/")
 	runs := flag.Int("runs", 5, "imports per measurement (the median is shown)")
-	only := flag.String("only", "share,store", "sections to run")
+	only := flag.String("only", "share,store", "sections to run: share, store, packs, requests")
 	flag.Parse()
 	if *images == "" {
 		fmt.Fprintln(os.Stderr, "usage: chunks -images DIR")
@@ -60,6 +60,16 @@ func run(dir string, runs int, only string) error {
 		small := filepath.Join(tmp, "small")
 		chunkstoretest.Image{Seed: 5, Pool: 6, Pages: 1750}.Write(tb{}, small)
 		if err := stores(dir, small, tmp, runs); err != nil {
+			return err
+		}
+	}
+	if strings.Contains(only, "packs") {
+		tmp, err := os.MkdirTemp("", "chunks-packs-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		if err := packs(dir, tmp, runs); err != nil {
 			return err
 		}
 	}

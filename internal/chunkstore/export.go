@@ -128,11 +128,20 @@ func (s *Store) ExportOver(ctx context.Context, dir string, meta map[string]stri
 			bm = nil
 		}
 	}
+	// The manifest, its packs (with packs on) the chunks bm lacks: its
+	// root depends on the image, meta and base only.
 	encode := func() ([]byte, Hash, error) {
+		if s.pack > 0 {
+			m.Packs = s.packsOver(m, bm, locs)
+		}
 		if bm == nil {
 			return m.Encode()
 		}
 		return m.EncodeOver(bm, base)
+	}
+	body, root, err := encode()
+	if err != nil {
+		return st, err
 	}
 	st.Files, st.Bytes, st.Distinct = len(m.Files), m.Bytes(), len(locs)
 
@@ -158,20 +167,19 @@ func (s *Store) ExportOver(ctx context.Context, dir string, meta map[string]stri
 			}
 		} else {
 			bm = nil
+			if body, root, err = encode(); err != nil {
+				return st, err
+			}
 		}
 	}
 	if bm != nil {
 		st.Base = base
 	}
+	st.Root, st.ManifestBytes = root, len(body)
 	hashes := m.Hashes()
 	if s.pack > 0 {
-		return s.exportPacked(held, dir, names, m, hashes, inBase, locs, encode, st, phase, tk)
+		return s.exportPacked(held, dir, names, m, hashes, locs, root, body, st, phase, tk)
 	}
-	body, root, err := encode()
-	if err != nil {
-		return st, err
-	}
-	st.Root, st.ManifestBytes = root, len(body)
 	known, err := s.knownSince(held, hashes)
 	if err != nil {
 		return st, err
@@ -239,58 +247,6 @@ func (s *Store) putManifest(held context.Context, root Hash, body []byte, phase 
 	}
 	phase(tm)
 	return nil
-}
-
-// exportPacked is the rest of an export with packs on, from the existence
-// check (the caller holds the store's lock shared): the chunks the base
-// lacks go into packs, named by their chunk lists; the packs the store
-// lacks are uploaded (an export that ran before and failed may have
-// uploaded some), then the manifest that names them.
-func (s *Store) exportPacked(held context.Context, dir string, names []string, m *Manifest, hashes []Hash, inBase map[Hash]bool,
-	locs map[Hash]where, encode func() ([]byte, Hash, error), st Stats, phase func(string, time.Time), tk time.Time) (Stats, error) {
-	var fresh []Hash
-	for _, h := range hashes {
-		if !inBase[h] {
-			fresh = append(fresh, h)
-		}
-	}
-	m.Packs = makePacks(fresh, func(h Hash) int { return locs[h].size }, s.pack)
-	body, root, err := encode()
-	if err != nil {
-		return st, err
-	}
-	st.Root, st.ManifestBytes, st.Packs = root, len(body), len(m.Packs)
-	keys := make([]string, len(m.Packs))
-	for i, p := range m.Packs {
-		keys[i] = PackKey(p.ID)
-	}
-	found, err := s.b.Has(held, keys)
-	if err != nil {
-		return st, fmt.Errorf("checking which packs are stored: %w", err)
-	}
-	var missing []Pack
-	var total int64
-	st.Present = len(hashes)
-	for i, p := range m.Packs {
-		if !found[i] {
-			missing = append(missing, p)
-			total += p.Bytes()
-			st.Present -= len(p.Chunks)
-		}
-	}
-	phase("export.check", tk)
-
-	tu := time.Now()
-	if err := s.uploadPacks(held, dir, names, missing, locs, total, &st); err != nil {
-		return st, err
-	}
-	if len(missing) > 0 {
-		if err := s.b.Flush(held); err != nil {
-			return st, err
-		}
-	}
-	phase("export.upload", tu)
-	return st, s.putManifest(held, root, body, func(start time.Time) { phase("export.manifest", start) })
 }
 
 // imageFiles lists the regular files of an image directory, sorted.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
@@ -227,6 +228,66 @@ func (s *Store) uploadPacks(ctx context.Context, dir string, names []string, pac
 		err = ctx.Err()
 	}
 	return err
+}
+
+// packsOver returns the packs of an export of m over the base manifest
+// bm (nil for none): the stored chunks bm lacks, in m's order, cut into
+// packs of about s.pack bytes.
+func (s *Store) packsOver(m, bm *Manifest, locs map[Hash]where) []Pack {
+	inBase := map[Hash]bool{}
+	if bm != nil {
+		for _, h := range bm.Hashes() {
+			inBase[h] = true
+		}
+	}
+	var fresh []Hash
+	for _, h := range m.Hashes() {
+		if !inBase[h] {
+			fresh = append(fresh, h)
+		}
+	}
+	return makePacks(fresh, func(h Hash) int { return locs[h].size }, s.pack)
+}
+
+// exportPacked is the rest of an export with packs on, from the existence
+// check (the caller holds the store's lock shared, and the base, if any,
+// is still there): the packs of m the store lacks are uploaded (an export
+// that ran before and failed may have uploaded some), then the manifest
+// that names them.
+func (s *Store) exportPacked(held context.Context, dir string, names []string, m *Manifest, hashes []Hash,
+	locs map[Hash]where, root Hash, body []byte, st Stats, phase func(string, time.Time), tk time.Time) (Stats, error) {
+	st.Packs = len(m.Packs)
+	keys := make([]string, len(m.Packs))
+	for i, p := range m.Packs {
+		keys[i] = PackKey(p.ID)
+	}
+	found, err := s.b.Has(held, keys)
+	if err != nil {
+		return st, fmt.Errorf("checking which packs are stored: %w", err)
+	}
+	var missing []Pack
+	var total int64
+	st.Present = len(hashes)
+	for i, p := range m.Packs {
+		if !found[i] {
+			missing = append(missing, p)
+			total += p.Bytes()
+			st.Present -= len(p.Chunks)
+		}
+	}
+	phase("export.check", tk)
+
+	tu := time.Now()
+	if err := s.uploadPacks(held, dir, names, missing, locs, total, &st); err != nil {
+		return st, err
+	}
+	if len(missing) > 0 {
+		if err := s.b.Flush(held); err != nil {
+			return st, err
+		}
+	}
+	phase("export.upload", tu)
+	return st, s.putManifest(held, root, body, func(start time.Time) { phase("export.manifest", start) })
 }
 
 // span is one ranged read of a pack: the chunks from off, n bytes.
