@@ -153,10 +153,17 @@ func (s *Store) GC(ctx context.Context, roots Roots, grace time.Duration) (st GC
 		return st, err
 	}
 	defer unlock()
+	// Manifests written meanwhile, and dead ones written again (an export
+	// of the same image with the same meta and base: the same root).
+	dropped := make(map[string]time.Time, len(drop))
+	for _, o := range drop {
+		dropped[o.Key] = o.Modified
+	}
 	var late []Hash
 	if err := s.b.List(held, "manifests/", func(o Object) error {
-		if !seen[o.Key] {
+		if mod, ok := dropped[o.Key]; !seen[o.Key] || ok && !o.Modified.Equal(mod) {
 			seen[o.Key] = true
+			delete(dropped, o.Key)
 			if r, err := ParseHash(strings.TrimPrefix(o.Key, "manifests/")); err == nil {
 				late = append(late, r)
 			}
