@@ -350,8 +350,23 @@ func spans(m *Manifest, hashes []Hash, size func(Hash) int) []span {
 // readSpan reads one span of a pack and calls fn with each of its chunks,
 // verified: a chunk that does not hash to its name, or a pack shorter
 // than the manifest says, is ErrCorrupt.
+// A pack the backend does not have (a peer's handler serves chunks, not
+// packs) is read as its chunks' own objects, if it has those.
 func (s *Store) readSpan(ctx context.Context, sp span, fn func(h Hash, data []byte)) error {
 	data, err := getRange(ctx, s.b, PackKey(sp.pack), sp.off, int64(sp.n))
+	if isNotFound(err) {
+		for _, c := range sp.chunks {
+			b, cerr := s.fetch(ctx, c.hash, c.size)
+			if cerr != nil {
+				if isNotFound(cerr) {
+					return fmt.Errorf("reading pack %s: %w", sp.pack, err)
+				}
+				return cerr
+			}
+			fn(c.hash, b)
+		}
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("reading pack %s: %w", sp.pack, err)
 	}

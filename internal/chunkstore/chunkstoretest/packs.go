@@ -162,7 +162,8 @@ func testPacks(t *testing.T, b chunkstore.Backend) {
 
 // testCorruptPack: a changed byte in a pack, a pack cut short, a pack that
 // is gone: the import fails (ErrCorrupt, ErrNotFound), leaves nothing,
-// caches no bad chunk; with the pack put back it imports.
+// caches no bad chunk; a pack gone whose chunks are stored as objects of
+// their own reads those; with the pack put back it imports.
 func testCorruptPack(t *testing.T, b chunkstore.Backend) {
 	dir := t.TempDir()
 	imgA.Write(t, filepath.Join(dir, "a"))
@@ -208,6 +209,18 @@ func testCorruptPack(t *testing.T, b chunkstore.Backend) {
 		t.Fatalf("a pack that is gone: %v, want ErrNotFound", err)
 	}
 	noLeftovers(t, dir, "a")
+	// The pack gone but its chunks stored as objects of their own (a
+	// peer's handler serves those): read from there.
+	loose, _ := NewStoreWith(t, b, false, chunkstore.Options{PackBytes: -1})
+	if _, err := loose.Export(ctx(t), filepath.Join(dir, "a"), nil); err != nil {
+		t.Fatal(err)
+	}
+	cold, _ = NewStoreWith(t, b, true, chunkstore.Options{PackBytes: smallPacks})
+	if _, err := cold.Import(ctx(t), st.Root, filepath.Join(dir, "from-chunks")); err != nil {
+		t.Fatalf("a pack gone, its chunks stored: %v", err)
+	}
+	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "from-chunks"))
+	os.RemoveAll(filepath.Join(dir, "from-chunks"))
 	if err := b.Put(ctx(t), key, good); err != nil {
 		t.Fatal(err)
 	}
