@@ -1,6 +1,7 @@
 package chunkstore
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"fmt"
@@ -308,28 +309,20 @@ type spanChunk struct {
 // of up to rangeBytes, each over consecutive chunks of one pack with at
 // most rangeGap bytes between them.
 func spans(m *Manifest, hashes []Hash, size func(Hash) int) []span {
-	cs := make([]struct {
+	type placed struct {
 		l    loc
 		h    Hash
 		size int
-	}, 0, len(hashes))
-	for _, h := range hashes {
-		l := m.locs[h]
-		cs = append(cs, struct {
-			l    loc
-			h    Hash
-			size int
-		}{l, h, size(h)})
 	}
-	slices.SortFunc(cs, func(a, b struct {
-		l    loc
-		h    Hash
-		size int
-	}) int {
+	cs := make([]placed, 0, len(hashes))
+	for _, h := range hashes {
+		cs = append(cs, placed{m.locs[h], h, size(h)})
+	}
+	slices.SortFunc(cs, func(a, b placed) int {
 		if c := slices.Compare(a.l.pack[:], b.l.pack[:]); c != 0 {
 			return c
 		}
-		return int(a.l.off - b.l.off)
+		return cmp.Compare(a.l.off, b.l.off)
 	})
 	var out []span
 	for _, c := range cs {
