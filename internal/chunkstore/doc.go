@@ -88,7 +88,9 @@
 // ranged reads (Backend's optional RangeReader; a whole GET otherwise) of
 // up to 4 MiB, skipping at most 64 KiB it does not need, verifies each
 // chunk and caches it on its own, as if it had been fetched alone; without
-// a cache each chunk is read from its pack. A collection marks the packs
+// a cache each chunk is read from its pack. A pack the backend lacks is
+// read as its chunks' own objects if it has those (a peer's handler
+// serves chunks, not packs). A collection marks the packs
 // its kept manifests list and deletes the others once older than the
 // grace period, as it does chunks: a pack goes with the last manifest
 // that names it, and a manifest's bases are kept with it. Readers built
