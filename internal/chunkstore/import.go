@@ -128,6 +128,19 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 	// runs read the store directly.
 	var fetched, corrupt atomic.Int64
 	var fetchedBytes atomic.Int64
+	// Packed chunks fetched are kept in memory for the assembly (up to
+	// memBytes of them) while the cache fills with them beside it; the
+	// import returns once the cache holds them.
+	var mem packedMem
+	var fill errgroup.Group
+	fill.SetLimit(s.parallel)
+	defer func() {
+		tw := time.Now()
+		fill.Wait()
+		if err == nil {
+			phase("import.cache", tw)
+		}
+	}()
 	if s.cache != nil {
 		var missing, packed []Hash
 		var total int64
@@ -149,13 +162,19 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 		// verified, then cached on its own.
 		sps := spans(m, packed, func(h Hash) int { return distinct[h] })
 		st.Packs = len(sps)
+		var packedBytes int64
+		for _, h := range packed {
+			packedBytes += int64(distinct[h])
+		}
+		mem.keep = packedBytes <= memBytes
 		for _, sp := range sps {
 			if gctx.Err() != nil {
 				break
 			}
 			g.Go(func() error {
 				return s.readSpan(gctx, sp, func(h Hash, data []byte) {
-					s.cache.put(ChunkKey(h), data)
+					mem.add(h, data)
+					fill.Go(func() error { s.cache.put(ChunkKey(h), data); return nil })
 					fetched.Add(1)
 					fetchedBytes.Add(int64(len(data)))
 					s.report("import", "fetch", done.Add(int64(len(data))), total)
@@ -182,6 +201,9 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 			st.Transferred, st.TransferredBytes = int(fetched.Load()), fetchedBytes.Load()
 			return st, err
 		}
+		if !mem.keep {
+			fill.Wait() // the assembly reads them from the cache
+		}
 		if err := ctx.Err(); err != nil {
 			return st, err
 		}
@@ -206,6 +228,10 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 			for _, c := range r.chunks {
 				dst := buf[pos : pos+c.Size]
 				pos += c.Size
+				if d, ok := mem.get(c.Hash); ok {
+					copy(dst, d) // verified when it was fetched
+					continue
+				}
 				if s.cache != nil {
 					hit, bad := s.cache.readInto(ChunkKey(c.Hash), dst)
 					if hit && Sum(dst) == c.Hash {
@@ -273,6 +299,40 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 	}
 	phase("import.finish", tf)
 	return st, nil
+}
+
+// memBytes is the most an import keeps in memory of the packed chunks it
+// fetched, for its assembly.
+const memBytes = 512 << 20
+
+// packedMem is the packed chunks an import fetched, verified, if it keeps
+// them (keep). Safe for concurrent use.
+type packedMem struct {
+	keep bool
+	mu   sync.Mutex
+	m    map[Hash][]byte
+}
+
+func (p *packedMem) add(h Hash, data []byte) {
+	if !p.keep {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = make(map[Hash][]byte)
+	}
+	p.m[h] = data
+}
+
+func (p *packedMem) get(h Hash) ([]byte, bool) {
+	if !p.keep {
+		return nil, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d, ok := p.m[h]
+	return d, ok
 }
 
 // linkMin is the smallest file Options.LinkFiles keeps whole.
