@@ -132,12 +132,15 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 	// memBytes of them) while the cache fills with them beside it; the
 	// import returns once the cache holds them.
 	var mem packedMem
-	var fill errgroup.Group
-	fill.SetLimit(s.parallel)
+	var fill sync.WaitGroup
+	var toFill chan cached
 	defer func() {
+		if toFill != nil {
+			close(toFill)
+		}
 		tw := time.Now()
 		fill.Wait()
-		if err == nil {
+		if err == nil && toFill != nil {
 			phase("import.cache", tw)
 		}
 	}()
@@ -167,6 +170,16 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 			packedBytes += int64(distinct[h])
 		}
 		mem.keep = packedBytes <= memBytes
+		// The cache fills beside the fetches (they never wait for it),
+		// and beside the assembly when it reads from memory.
+		toFill = make(chan cached, len(packed))
+		for range min(s.parallel, len(packed)) {
+			fill.Go(func() {
+				for c := range toFill {
+					s.cache.put(ChunkKey(c.h), c.data)
+				}
+			})
+		}
 		for _, sp := range sps {
 			if gctx.Err() != nil {
 				break
@@ -174,7 +187,7 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 			g.Go(func() error {
 				return s.readSpan(gctx, sp, func(h Hash, data []byte) {
 					mem.add(h, data)
-					fill.Go(func() error { s.cache.put(ChunkKey(h), data); return nil })
+					toFill <- cached{h, data}
 					fetched.Add(1)
 					fetchedBytes.Add(int64(len(data)))
 					s.report("import", "fetch", done.Add(int64(len(data))), total)
@@ -202,7 +215,9 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 			return st, err
 		}
 		if !mem.keep {
-			fill.Wait() // the assembly reads them from the cache
+			close(toFill) // the assembly reads them from the cache
+			toFill = nil
+			fill.Wait()
 		}
 		if err := ctx.Err(); err != nil {
 			return st, err
@@ -304,6 +319,12 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 // memBytes is the most an import keeps in memory of the packed chunks it
 // fetched, for its assembly.
 const memBytes = 512 << 20
+
+// cached is a chunk for the cache.
+type cached struct {
+	h    Hash
+	data []byte
+}
 
 // packedMem is the packed chunks an import fetched, verified, if it keeps
 // them (keep). Safe for concurrent use.
