@@ -178,7 +178,8 @@ func (s *Store) ExportOver(ctx context.Context, dir string, meta map[string]stri
 	st.Root, st.ManifestBytes = root, len(body)
 	hashes := m.Hashes()
 	if s.pack > 0 {
-		return s.exportPacked(held, dir, names, m, hashes, locs, root, body, st, phase, tk)
+		err := s.exportPacked(held, dir, names, m, hashes, locs, root, body, &st, phase, tk)
+		return st, err
 	}
 	known, err := s.knownSince(held, hashes)
 	if err != nil {

@@ -256,7 +256,7 @@ func (s *Store) packsOver(m, bm *Manifest, locs map[Hash]where) []Pack {
 // that ran before and failed may have uploaded some), then the manifest
 // that names them.
 func (s *Store) exportPacked(held context.Context, dir string, names []string, m *Manifest, hashes []Hash,
-	locs map[Hash]where, root Hash, body []byte, st Stats, phase func(string, time.Time), tk time.Time) (Stats, error) {
+	locs map[Hash]where, root Hash, body []byte, st *Stats, phase func(string, time.Time), tk time.Time) error {
 	st.Packs = len(m.Packs)
 	keys := make([]string, len(m.Packs))
 	for i, p := range m.Packs {
@@ -264,7 +264,7 @@ func (s *Store) exportPacked(held context.Context, dir string, names []string, m
 	}
 	found, err := s.b.Has(held, keys)
 	if err != nil {
-		return st, fmt.Errorf("checking which packs are stored: %w", err)
+		return fmt.Errorf("checking which packs are stored: %w", err)
 	}
 	var missing []Pack
 	var total int64
@@ -279,16 +279,16 @@ func (s *Store) exportPacked(held context.Context, dir string, names []string, m
 	phase("export.check", tk)
 
 	tu := time.Now()
-	if err := s.uploadPacks(held, dir, names, missing, locs, total, &st); err != nil {
-		return st, err
+	if err := s.uploadPacks(held, dir, names, missing, locs, total, st); err != nil {
+		return err
 	}
 	if len(missing) > 0 {
 		if err := s.b.Flush(held); err != nil {
-			return st, err
+			return err
 		}
 	}
 	phase("export.upload", tu)
-	return st, s.putManifest(held, root, body, func(start time.Time) { phase("export.manifest", start) })
+	return s.putManifest(held, root, body, func(start time.Time) { phase("export.manifest", start) })
 }
 
 // span is one ranged read of a pack: the chunks from off, n bytes.

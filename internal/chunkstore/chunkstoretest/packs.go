@@ -89,6 +89,13 @@ func testPacks(t *testing.T, b chunkstore.Backend) {
 	if n, _ := count(t, b, "chunks/"); n != 0 || st.Packs < 3 || packs != st.Packs || len(m.Packs) != st.Packs || st.Transferred != st.Distinct || packBytes != st.TransferredBytes {
 		t.Fatalf("packed export: %s; %d packs (%d bytes) and %d chunks in the store", &st, packs, packBytes, n)
 	}
+	var phases []string
+	for _, p := range st.Phases {
+		phases = append(phases, p.Name)
+	}
+	if !slices.Equal(phases, []string{"export.chunk", "export.check", "export.upload", "export.manifest"}) {
+		t.Fatalf("packed export phases: %v", phases)
+	}
 	for _, p := range m.Packs {
 		if p.Bytes() > smallPacks && len(p.Chunks) > 1 {
 			t.Fatalf("a pack of %d bytes in %d chunks, more than %d", p.Bytes(), len(p.Chunks), smallPacks)
