@@ -128,9 +128,9 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 	// runs read the store directly.
 	var fetched, corrupt atomic.Int64
 	var fetchedBytes atomic.Int64
-	// Packed chunks fetched are kept in memory for the assembly (up to
-	// memBytes of them) while the cache fills with them beside it; the
-	// import returns once the cache holds them.
+	// Packed chunks fetched are kept in memory for the assembly (when
+	// they are at most memBytes) while the cache fills with them beside
+	// it; the import returns once the cache holds them.
 	var mem packedMem
 	var fill sync.WaitGroup
 	var toFill chan cached
@@ -170,12 +170,18 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 			packedBytes += int64(distinct[h])
 		}
 		mem.keep = packedBytes <= memBytes
-		// The cache fills beside the fetches (they never wait for it),
-		// and beside the assembly when it reads from memory.
-		toFill = make(chan cached, len(packed))
+		// The cache fills beside the fetches (they wait for it only when
+		// the chunks are not kept in memory: then the queue is short), and
+		// beside the assembly when it reads from memory.
+		queue := len(packed)
+		if !mem.keep {
+			queue = 4 * s.parallel
+		}
+		q := make(chan cached, queue)
+		toFill = q
 		for range min(s.parallel, len(packed)) {
 			fill.Go(func() {
-				for c := range toFill {
+				for c := range q {
 					s.cache.put(ChunkKey(c.h), c.data)
 				}
 			})
@@ -187,7 +193,7 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 			g.Go(func() error {
 				return s.readSpan(gctx, sp, func(h Hash, data []byte) {
 					mem.add(h, data)
-					toFill <- cached{h, data}
+					q <- cached{h, data}
 					fetched.Add(1)
 					fetchedBytes.Add(int64(len(data)))
 					s.report("import", "fetch", done.Add(int64(len(data))), total)
@@ -318,7 +324,7 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 
 // memBytes is the most an import keeps in memory of the packed chunks it
 // fetched, for its assembly.
-const memBytes = 512 << 20
+var memBytes int64 = 256 << 20
 
 // cached is a chunk for the cache.
 type cached struct {

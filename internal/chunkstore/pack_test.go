@@ -2,7 +2,12 @@ package chunkstore
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -196,5 +201,57 @@ func TestSpans(t *testing.T) {
 	}
 	if sp := spans(m, fourth, size); len(sp) != 50 {
 		t.Fatalf("every fourth chunk: %d spans, want one each", len(sp))
+	}
+}
+
+// An import whose packed chunks are more than it keeps in memory fills
+// the cache first and assembles from it: the same bytes.
+func TestImportPackedThroughTheCache(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "img")
+	if err := os.Mkdir(img, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 3<<20)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	if err := os.WriteFile(filepath.Join(img, "pages.img"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := OpenFile(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s, err := New(b, Options{PackBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Export(ctx, img, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func(old int64) { memBytes = old }(memBytes)
+	for _, limit := range []int64{0, 256 << 20} {
+		memBytes = limit
+		cache, err := OpenCache(filepath.Join(dir, fmt.Sprintf("cache-%d", limit)), 1<<30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cold, err := New(b, Options{PackBytes: 1 << 20, Cache: cache})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(dir, fmt.Sprintf("out-%d", limit))
+		ist, err := cold.Import(ctx, st.Root, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := os.ReadFile(filepath.Join(out, "pages.img"))
+		if !bytes.Equal(got, data) || ist.Transferred != st.Distinct || cache.Stats().Objects < st.Distinct {
+			t.Fatalf("memory limit %d: import %s, %d objects cached", limit, &ist, cache.Stats().Objects)
+		}
 	}
 }
