@@ -714,41 +714,6 @@ func (cs suite) testGCWaitingForTheLock(t *testing.T, b chunkstore.Backend) {
 	}
 }
 
-// testGCAgainstRewrite: a dead manifest older than the grace period that
-// an export writes again (the same image, meta and base: the same root)
-// between the collection's mark and its sweep is kept, and what it names.
-func (cs suite) testGCAgainstRewrite(t *testing.T, b chunkstore.Backend) {
-	dir := t.TempDir()
-	imgA.Write(t, filepath.Join(dir, "a"))
-	plain, _ := cs.store(t, b, false)
-	first, err := plain.Export(ctx(t), filepath.Join(dir, "a"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const grace = 1100 * time.Millisecond // above S3's one-second times
-	time.Sleep(2 * grace)
-	var again chunkstore.Stats
-	h := &hooked{Backend: b, prefix: "chunks/", onList: func() {
-		var err error
-		if again, err = plain.Export(ctx(t), filepath.Join(dir, "a"), nil); err != nil {
-			t.Error(err)
-		}
-	}}
-	s, _ := cs.store(t, h, false)
-	none := chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return nil, nil })
-	st, err := s.GC(ctx(t), none, grace)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if again.Root != first.Root || st.DeletedManifests != 0 || deleted(st) != 0 {
-		t.Fatalf("gc against a manifest written again (%s, first %s): %+v", again.Root, first.Root, st)
-	}
-	if _, err := plain.Import(ctx(t), first.Root, filepath.Join(dir, "out")); err != nil {
-		t.Fatalf("the manifest written again, after gc: %v", err)
-	}
-	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "out"))
-}
-
 // testGCAgainstExportOverBase runs an export over a base that no live
 // manifest names (a collection's candidate, with its chunks) between the
 // collection's mark and its sweep: the collection must keep the base and
