@@ -8,7 +8,9 @@
 // and, optionally, big/ (a spilled sandbox of about 200 MB). It measures
 // how much the images share under several chunkings, then exports and
 // imports them through a file:// store and an S3 server (versitygw on
-// loopback, started here).
+// loopback, started here). -only packs compares stores with and without
+// pack files on one S3 server (cold imports taking turns); -only requests
+// what 66 MB costs to GET by object size.
 package main
 
 import (
@@ -24,6 +26,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/cellfork/cellfork/internal/chunkstore"
 	"github.com/cellfork/cellfork/internal/chunkstore/chunkstoretest"
 )
@@ -31,7 +35,7 @@ import (
 func main() {
 	images := flag.String("images", "", "directory with warm/, a/, b/ and optionally big/")
 	runs := flag.Int("runs", 5, "imports per measurement (the median is shown)")
-	only := flag.String("only", "share,store", "sections to run")
+	only := flag.String("only", "share,store", "sections to run: share, store, packs, requests")
 	flag.Parse()
 	if *images == "" {
 		fmt.Fprintln(os.Stderr, "usage: chunks -images DIR")
@@ -60,6 +64,16 @@ func run(dir string, runs int, only string) error {
 		small := filepath.Join(tmp, "small")
 		chunkstoretest.Image{Seed: 5, Pool: 6, Pages: 1750}.Write(tb{}, small)
 		if err := stores(dir, small, tmp, runs); err != nil {
+			return err
+		}
+	}
+	if strings.Contains(only, "packs") {
+		tmp, err := os.MkdirTemp("", "chunks-packs-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		if err := packs(dir, tmp, runs); err != nil {
 			return err
 		}
 	}
@@ -453,5 +467,34 @@ func requests(runs int) error {
 		m := median(ds)
 		fmt.Printf("| %d KiB | %d | %s | %.0f |\n", size>>10, n, ms(m), float64(total)/1e6/m.Seconds())
 	}
+	// The same bytes as one object read in 4 MiB ranges: a pack file.
+	big := make([]byte, total)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	if err := b.Put(ctx, "obj/packed", big); err != nil {
+		return err
+	}
+	var ds []time.Duration
+	for range runs {
+		t := time.Now()
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(16)
+		for off := int64(0); off < total; off += 4 << 20 {
+			g.Go(func() error {
+				d, err := b.GetRange(gctx, "obj/packed", off, 4<<20)
+				if err == nil && len(d) != 4<<20 {
+					err = fmt.Errorf("ranged read of %d bytes", len(d))
+				}
+				return err
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return err
+		}
+		ds = append(ds, time.Since(t))
+	}
+	m := median(ds)
+	fmt.Printf("| one object, 4 MiB ranged reads | %d | %s | %.0f |\n", total>>22, ms(m), float64(total)/1e6/m.Seconds())
 	return nil
 }

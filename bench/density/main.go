@@ -50,6 +50,7 @@ func main() {
 	synthetic := flag.Int("synthetic", 0, "manifests over the warm image's to write into a file:// store")
 	putSample := flag.Int("put-sample", 10000, "of the -synthetic manifests, how many to write through the backend's Put (synced one by one)")
 	dir := flag.String("dir", "/tmp/den-synthetic", "scratch directory of -store and -synthetic (removed at the end)")
+	flag.IntVar(&packBytes, "pack", 0, "-store, -synthetic: pack files of this many bytes in the store (0: none, as the daemon's file:// store)")
 	flag.Parse()
 	ctx := context.Background()
 	var err error

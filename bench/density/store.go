@@ -18,10 +18,14 @@ import (
 	"github.com/cellfork/cellfork/internal/chunkstore"
 )
 
+// packBytes is -pack: pack files in the store (0: none, as the daemon's
+// file:// store).
+var packBytes int
+
 // openStore opens a file:// store in dir as the daemon does (Immutable: a
 // file with other names, the warm image's pages, is cut once).
 func openStore(ctx context.Context, dir string) (*chunkstore.Store, error) {
-	return chunkstore.Open(ctx, "file://"+dir, chunkstore.Options{Immutable: true})
+	return chunkstore.Open(ctx, "file://"+dir, chunkstore.Options{Immutable: true, PackBytes: packBytes})
 }
 
 // objects counts a store's objects under prefix: how many, their bytes,
@@ -77,7 +81,9 @@ func runStore(ctx context.Context, dataDir, warm, dir string) error {
 	if err != nil {
 		return err
 	}
-	_, _, warmAlloc := objects(storeDir, "chunks")
+	_, _, warmChunks := objects(storeDir, "chunks")
+	_, _, warmPacks := objects(storeDir, "packs")
+	warmAlloc := warmChunks + warmPacks
 	var times []time.Duration
 	var newBytes, manifestBytes, flatBytes, zeroBase int64
 	var roots []chunkstore.Hash
@@ -120,6 +126,7 @@ func runStore(ctx context.Context, dataDir, warm, dir string) error {
 	exportAll := time.Since(t0)
 	n := int64(len(dirs))
 	cn, cs, ca := objects(storeDir, "chunks")
+	pn, ps, pa := objects(storeDir, "packs")
 	mn, ms_, ma := objects(storeDir, "manifests")
 	fmt.Println("| what | value |")
 	fmt.Println("|---|---:|")
@@ -129,7 +136,10 @@ func runStore(ctx context.Context, dataDir, warm, dir string) error {
 	fmt.Printf("| manifest per paused sandbox, over the warm image | %.1f KB |\n", float64(manifestBytes)/float64(n)/1e3)
 	fmt.Printf("| the same manifest flat (mean of %d) | %.1f KB |\n", min(n, 50), float64(flatBytes)/float64(min(n, 50))/1e3)
 	fmt.Printf("| export over the base, p50 / p95 | %.1f / %.1f ms (%d in %.1f s) |\n", ms(median(times)), ms(pct(times, 0.95)), n, exportAll.Seconds())
-	fmt.Printf("| store: chunks | %d files, %.2f GB (%.2f GB allocated; the warm image's %.2f GB) |\n", cn, float64(cs)/1e9, float64(ca)/1e9, float64(warmAlloc)/1e9)
+	fmt.Printf("| store: chunks | %d files, %.2f GB (%.2f GB allocated) |\n", cn, float64(cs)/1e9, float64(ca)/1e9)
+	fmt.Printf("| store: packs (-pack %d) | %d files, %.2f GB (%.2f GB allocated) |\n", packBytes, pn, float64(ps)/1e9, float64(pa)/1e9)
+	fmt.Printf("| store: the warm image's chunks or packs | %.2f GB allocated |\n", float64(warmAlloc)/1e9)
+	ca += pa
 	fmt.Printf("| store: manifests | %d files, %.1f MB (%.1f MB allocated) |\n", mn, float64(ms_)/1e6, float64(ma)/1e6)
 	fmt.Printf("| store bytes per paused sandbox (allocated, the warm image not counted) | %.2f MB |\n", float64(ca-warmAlloc+ma)/float64(n)/1e6)
 	fmt.Print("\nNew chunk bytes per sandbox as the store fills:\n\n")
@@ -165,7 +175,7 @@ func runStore(ctx context.Context, dataDir, warm, dir string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("| GC, nothing live (%d manifests and %d chunks deleted, %.2f GB) | %.0f ms |\n", gs.DeletedManifests, gs.DeletedChunks, float64(gs.BytesFreed)/1e9, ms(gs.Duration))
+	fmt.Printf("| GC, nothing live (%d manifests, %d chunks and %d packs deleted, %.2f GB) | %.0f ms |\n", gs.DeletedManifests, gs.DeletedChunks, gs.DeletedPacks, float64(gs.BytesFreed)/1e9, ms(gs.Duration))
 	fmt.Printf("\nload average at end: %s\n", loadavg())
 	return nil
 }

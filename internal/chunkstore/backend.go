@@ -36,6 +36,29 @@ type Backend interface {
 	String() string
 }
 
+// RangeReader is a Backend that can read part of an object: n bytes from
+// off, fewer if the object ends first (the caller checks the length).
+// Pack files (pack.go) are read this way; a Backend without it is read
+// whole and cut.
+type RangeReader interface {
+	GetRange(ctx context.Context, key string, off, n int64) ([]byte, error)
+}
+
+// getRange reads n bytes of key from off, by b's GetRange if it has one.
+func getRange(ctx context.Context, b Backend, key string, off, n int64) ([]byte, error) {
+	if rr, ok := b.(RangeReader); ok {
+		return rr.GetRange(ctx, key, off, n)
+	}
+	data, err := b.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if off >= int64(len(data)) {
+		return nil, nil
+	}
+	return data[off:min(off+n, int64(len(data)))], nil
+}
+
 // Object is one listed object.
 type Object struct {
 	Key      string
@@ -111,6 +134,11 @@ type retrying struct {
 
 func (b retrying) Get(ctx context.Context, key string) (data []byte, err error) {
 	err = b.r.do(ctx, func() error { data, err = b.Backend.Get(ctx, key); return err })
+	return data, err
+}
+
+func (b retrying) GetRange(ctx context.Context, key string, off, n int64) (data []byte, err error) {
+	err = b.r.do(ctx, func() error { data, err = getRange(ctx, b.Backend, key, off, n); return err })
 	return data, err
 }
 

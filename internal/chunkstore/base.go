@@ -209,6 +209,19 @@ func (m *Manifest) resolve(base *Manifest) error {
 		f.Chunks = cs
 	}
 	m.ops, m.depth = nil, base.depth+1
+	// Its chunks in the base's packs are read from there.
+	if len(base.locs) > 0 {
+		if m.locs == nil {
+			m.locs = make(map[Hash]loc)
+		}
+		for _, h := range m.Hashes() {
+			if _, ok := m.locs[h]; !ok {
+				if l, ok := base.locs[h]; ok {
+					m.locs[h] = l
+				}
+			}
+		}
+	}
 	return nil
 }
 

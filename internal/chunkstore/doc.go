@@ -21,7 +21,10 @@
 // # Objects
 //
 //	chunks/<h[0:2]>/<h>   a chunk's bytes, h its hash in lower-case hex
+//	packs/<id>            chunks concatenated (pack files; id the hash of
+//	                      their list, below)
 //	manifests/<root>      a manifest's canonical encoding, root its hash
+//	gc/epoch              rewritten by each collection before it deletes
 //	locks/<id>            leases of the store's lock (S3 only)
 //
 // # Manifest
@@ -56,6 +59,44 @@
 // after ExportBase of a template's warm image, Export writes every image
 // that holds one of its files by identity (a base-*.img) over it.
 //
+// # Pack files
+//
+// With Options.PackBytes (Open turns it on for s3:// stores), Export
+// writes a version 3 manifest: version 1 or 2 (flat, or with a "base")
+// plus a "packs" list after "chunking":
+//
+//	"packs":[{"id":"<hex>","chunks":"<base64>"}, ...]
+//
+// each the chunks of one pack file, in the order they are concatenated
+// there, as a version 1 chunk list (no zero chunks); a chunk's offset is
+// the sum of the sizes before it. The pack's id is the BLAKE3-256 hash of
+// that list's binary form, and the object packs/<id> holds the chunks: so
+// the same chunks in the same order are one pack, and an export that
+// failed half-way finds the packs it uploaded when it runs again. Decode
+// checks every id against its list and refuses a chunk listed in two
+// packs. The export puts every stored chunk its base lacks into packs of
+// about PackBytes (at least one chunk each), in the manifest's order, asks
+// the store which of those packs it holds (a few HEADs), uploads the
+// others, then writes the manifest. It does not ask about chunks one by
+// one: a packed chunk is not an object an existence check finds, so with
+// packs on, an image shares stored chunks with the manifest it is written
+// over (and its bases), not with unrelated images (docs/benchmarks.md,
+// "Pack files", measures the bytes this costs). A resolved manifest knows
+// where each chunk is: its own packs, then its bases' (a version 2
+// manifest over a packed base reads the base's packs too), else
+// chunks/<h>. An import with a cache reads the packed chunks it lacks in
+// ranged reads (Backend's optional RangeReader; a whole GET otherwise) of
+// up to 4 MiB, skipping at most 64 KiB it does not need, verifies each
+// chunk and caches it on its own, as if it had been fetched alone; without
+// a cache each chunk is read from its pack. A pack the backend lacks is
+// read as its chunks' own objects if it has those (a peer's handler
+// serves chunks, not packs). A collection marks the packs
+// its kept manifests list and deletes the others once older than the
+// grace period, as it does chunks: a pack goes with the last manifest
+// that names it, and a manifest's bases are kept with it. Readers built
+// before version 3 refuse such a manifest ("version 3, want 1 or 2",
+// ErrCorrupt); stores with and without packs share a backend.
+//
 // # Reads are verified
 //
 // Every chunk is hashed when it is read, from the store or from the cache,
@@ -75,10 +116,10 @@
 // # Writes are ordered
 //
 // Export uploads only the chunks the store lacks (one batched existence
-// check, then 16 uploads in flight), and the manifest last: a crash or a
-// store that goes away mid-upload leaves orphan chunks, never a manifest
-// that names a missing chunk. GC removes the orphans after its grace
-// period. Export holds the store's lock shared from its existence check to
+// check, then 16 uploads in flight; with packs, the packs it lacks, 4 in
+// flight), and the manifest last: a crash or a store that goes away
+// mid-upload leaves orphan chunks or packs, never a manifest that names a
+// missing one. GC removes the orphans after its grace period. Export holds the store's lock shared from its existence check to
 // its manifest; GC holds it exclusively while it sweeps, so a chunk that an
 // export found present is not deleted under it.
 package chunkstore

@@ -128,7 +128,12 @@ func (s *Store) ExportOver(ctx context.Context, dir string, meta map[string]stri
 			bm = nil
 		}
 	}
+	// The manifest, its packs (with packs on) the chunks bm lacks: its
+	// root depends on the image, meta and base only.
 	encode := func() ([]byte, Hash, error) {
+		if s.pack > 0 {
+			m.Packs = s.packsOver(m, bm, locs)
+		}
 		if bm == nil {
 			return m.Encode()
 		}
@@ -172,6 +177,10 @@ func (s *Store) ExportOver(ctx context.Context, dir string, meta map[string]stri
 	}
 	st.Root, st.ManifestBytes = root, len(body)
 	hashes := m.Hashes()
+	if s.pack > 0 {
+		err := s.exportPacked(held, dir, names, m, hashes, locs, root, body, &st, phase, tk)
+		return st, err
+	}
 	known, err := s.knownSince(held, hashes)
 	if err != nil {
 		return st, err
@@ -221,18 +230,24 @@ func (s *Store) ExportOver(ctx context.Context, dir string, meta map[string]stri
 	s.remember(epoch, missing)
 	phase("export.upload", tu)
 
+	return st, s.putManifest(held, root, body, func(start time.Time) { phase("export.manifest", start) })
+}
+
+// putManifest writes the manifest, last, if the store's lock is still
+// held; phase records its time.
+func (s *Store) putManifest(held context.Context, root Hash, body []byte, phase func(time.Time)) error {
 	tm := time.Now()
 	if err := held.Err(); err != nil {
-		return st, fmt.Errorf("the store's lock was lost: %w", context.Cause(held))
+		return fmt.Errorf("the store's lock was lost: %w", context.Cause(held))
 	}
 	if err := s.b.Put(held, ManifestKey(root), body); err != nil {
-		return st, fmt.Errorf("writing manifest %s: %w", root, err)
+		return fmt.Errorf("writing manifest %s: %w", root, err)
 	}
 	if s.cache != nil {
 		s.cache.put(ManifestKey(root), body)
 	}
-	phase("export.manifest", tm)
-	return st, nil
+	phase(tm)
+	return nil
 }
 
 // imageFiles lists the regular files of an image directory, sorted.

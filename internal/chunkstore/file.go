@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -258,4 +259,23 @@ func (b *FileBackend) Lock(ctx context.Context, name string, exclusive bool) (co
 	}
 	held, cancel := context.WithCancel(ctx)
 	return held, func() { cancel(); f.Close() }, nil
+}
+
+// GetRange reads n bytes of the object from off (fewer at its end).
+func (b *FileBackend) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
+	p, err := b.path(key)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fileErr("reading", key, err)
+	}
+	defer f.Close()
+	buf := make([]byte, n)
+	got, err := f.ReadAt(buf, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fileErr("reading", key, err)
+	}
+	return buf[:got], nil
 }

@@ -34,13 +34,17 @@ type GCStats struct {
 	Dropped          []string // the roots of the manifests it deleted
 	Chunks           int      // in the store when it started
 	DeletedChunks    int
+	Packs            int // pack files in the store when it started
+	DeletedPacks     int
 	BytesFreed       int64 // chunks' and manifests' bytes
 	Duration         time.Duration
 }
 
 // GC deletes what no live manifest needs: manifests that are neither live
-// nor younger than grace, then chunks that no kept manifest names and that
-// are older than grace (an export under way may have just uploaded them).
+// nor younger than grace, then chunks and pack files that no kept manifest
+// names and that are older than grace (an export under way may have just
+// uploaded them). A kept manifest's bases are kept, so a pack lives while
+// the manifest that wrote it, or one over that one, is kept.
 // It marks without the lock, then takes it exclusively (waiting for
 // exports between their existence check and their manifest), marks the
 // manifests written meanwhile, and sweeps. One collector runs at a time.
@@ -98,9 +102,10 @@ func (s *Store) GC(ctx context.Context, roots Roots, grace time.Duration) (st GC
 		}
 	}
 	marked := make(map[Hash]bool)
+	markedPacks := make(map[Hash]bool)
 	kept := make(map[Hash]bool) // manifests, with the bases of those kept
 	var mu sync.Mutex
-	if err := s.mark(ctx, keep, kept, marked, &mu); err != nil {
+	if err := s.mark(ctx, keep, kept, marked, markedPacks, &mu); err != nil {
 		return st, err
 	}
 	var candidates []Object
@@ -122,6 +127,24 @@ func (s *Store) GC(ctx context.Context, roots Roots, grace time.Duration) (st GC
 	}); err != nil {
 		return st, err
 	}
+	var packCandidates []Object
+	if err := s.b.List(ctx, "packs/", func(o Object) error {
+		if chunkSeen[o.Key] {
+			return nil
+		}
+		chunkSeen[o.Key] = true
+		st.Packs++
+		id, err := ParseHash(strings.TrimPrefix(o.Key, "packs/"))
+		if err != nil || o.Key != PackKey(id) {
+			return nil // not ours: leave it
+		}
+		if !markedPacks[id] && o.Modified.Before(cutoff) {
+			packCandidates = append(packCandidates, o)
+		}
+		return nil
+	}); err != nil {
+		return st, err
+	}
 
 	// Sweep, holding the lock: exports that found a chunk present have
 	// written their manifests, and none starts.
@@ -130,10 +153,17 @@ func (s *Store) GC(ctx context.Context, roots Roots, grace time.Duration) (st GC
 		return st, err
 	}
 	defer unlock()
+	// Manifests written meanwhile, and dead ones written again (an export
+	// of the same image with the same meta and base: the same root).
+	dropped := make(map[string]time.Time, len(drop))
+	for _, o := range drop {
+		dropped[o.Key] = o.Modified
+	}
 	var late []Hash
 	if err := s.b.List(held, "manifests/", func(o Object) error {
-		if !seen[o.Key] {
+		if mod, ok := dropped[o.Key]; !seen[o.Key] || ok && !o.Modified.Equal(mod) {
 			seen[o.Key] = true
+			delete(dropped, o.Key)
 			if r, err := ParseHash(strings.TrimPrefix(o.Key, "manifests/")); err == nil {
 				late = append(late, r)
 			}
@@ -142,7 +172,7 @@ func (s *Store) GC(ctx context.Context, roots Roots, grace time.Duration) (st GC
 	}); err != nil {
 		return st, err
 	}
-	if err := s.mark(held, late, kept, marked, &mu); err != nil {
+	if err := s.mark(held, late, kept, marked, markedPacks, &mu); err != nil {
 		return st, err
 	}
 	st.LiveManifests = len(kept)
@@ -205,15 +235,24 @@ func (s *Store) GC(ctx context.Context, roots Roots, grace time.Duration) (st GC
 	})
 	st.DeletedChunks = int(deleted.Load())
 	st.BytesFreed = freed.Load()
+	if err != nil {
+		return st, err
+	}
+	err = sweep(packCandidates, func(o Object) bool {
+		id, _ := ParseHash(strings.TrimPrefix(o.Key, "packs/"))
+		return markedPacks[id]
+	})
+	st.DeletedPacks = int(deleted.Load())
+	st.BytesFreed = freed.Load()
 	return st, err
 }
 
-// mark reads the manifests (in parallel, verified), marks the chunks they
-// list and adds them to kept, then does the same for their bases not yet
+// mark reads the manifests (in parallel, verified), marks the chunks and
+// packs they list and adds them to kept, then does the same for their bases not yet
 // kept, and theirs. A kept manifest that cannot be read stops the
 // collection: its chunks would otherwise be swept. (A manifest is not
 // resolved here: the chunks it copies are its base's, marked with it.)
-func (s *Store) mark(ctx context.Context, roots []Hash, kept, marked map[Hash]bool, mu *sync.Mutex) error {
+func (s *Store) mark(ctx context.Context, roots []Hash, kept, marked, packs map[Hash]bool, mu *sync.Mutex) error {
 	for depth := 0; len(roots) > 0; depth++ {
 		if depth > maxBaseDepth {
 			return fmt.Errorf("manifests over one another more than %d deep: %w", maxBaseDepth, errdefs.ErrCorrupt)
@@ -245,7 +284,12 @@ func (s *Store) mark(ctx context.Context, roots []Hash, kept, marked map[Hash]bo
 				mu.Lock()
 				defer mu.Unlock()
 				for _, h := range hashes {
-					marked[h] = true
+					if _, _, packed := m.Locate(h); !packed {
+						marked[h] = true
+					}
+				}
+				for _, p := range m.Packs {
+					packs[p.ID] = true
 				}
 				if m.Base != (Hash{}) {
 					bases = append(bases, m.Base)

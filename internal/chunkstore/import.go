@@ -128,19 +128,78 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 	// runs read the store directly.
 	var fetched, corrupt atomic.Int64
 	var fetchedBytes atomic.Int64
+	// Packed chunks fetched are kept in memory for the assembly (when
+	// they are at most memBytes) while the cache fills with them beside
+	// it; the import returns once the cache holds them.
+	var mem packedMem
+	var fill sync.WaitGroup
+	var toFill chan cached
+	defer func() {
+		if toFill != nil {
+			close(toFill)
+		}
+		tw := time.Now()
+		fill.Wait()
+		if err == nil && toFill != nil {
+			phase("import.cache", tw)
+		}
+	}()
 	if s.cache != nil {
-		var missing []Hash
+		var missing, packed []Hash
 		var total int64
 		for _, h := range order {
 			if !s.cache.has(ChunkKey(h)) {
-				missing = append(missing, h)
+				if _, _, ok := m.Locate(h); ok {
+					packed = append(packed, h)
+				} else {
+					missing = append(missing, h)
+				}
 				total += int64(distinct[h])
 			}
 		}
-		st.Present = len(order) - len(missing)
+		st.Present = len(order) - len(missing) - len(packed)
 		var done atomic.Int64
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(s.parallel)
+		// Packed chunks by ranged reads of their packs, each chunk
+		// verified, then cached on its own.
+		sps := spans(m, packed, func(h Hash) int { return distinct[h] })
+		st.Packs = len(sps)
+		var packedBytes int64
+		for _, h := range packed {
+			packedBytes += int64(distinct[h])
+		}
+		mem.keep = packedBytes <= memBytes
+		// The cache fills beside the fetches (they wait for it only when
+		// the chunks are not kept in memory: then the queue is short), and
+		// beside the assembly when it reads from memory.
+		queue := len(packed)
+		if !mem.keep {
+			queue = 4 * s.parallel
+		}
+		q := make(chan cached, queue)
+		toFill = q
+		for range min(s.parallel, len(packed)) {
+			fill.Go(func() {
+				for c := range q {
+					s.cache.put(ChunkKey(c.h), c.data)
+				}
+			})
+		}
+		for _, sp := range sps {
+			if gctx.Err() != nil {
+				break
+			}
+			g.Go(func() error {
+				return s.readSpan(gctx, sp, func(h Hash, data []byte) {
+					mem.add(h, data)
+					q <- cached{h, data}
+					fetched.Add(1)
+					fetchedBytes.Add(int64(len(data)))
+					s.report("import", "fetch", done.Add(int64(len(data))), total)
+				})
+			})
+		}
 		for _, h := range missing {
 			if gctx.Err() != nil {
 				break
@@ -160,6 +219,11 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 		if err := g.Wait(); err != nil {
 			st.Transferred, st.TransferredBytes = int(fetched.Load()), fetchedBytes.Load()
 			return st, err
+		}
+		if !mem.keep {
+			close(toFill) // the assembly reads them from the cache
+			toFill = nil
+			fill.Wait()
 		}
 		if err := ctx.Err(); err != nil {
 			return st, err
@@ -185,6 +249,10 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 			for _, c := range r.chunks {
 				dst := buf[pos : pos+c.Size]
 				pos += c.Size
+				if d, ok := mem.get(c.Hash); ok {
+					copy(dst, d) // verified when it was fetched
+					continue
+				}
 				if s.cache != nil {
 					hit, bad := s.cache.readInto(ChunkKey(c.Hash), dst)
 					if hit && Sum(dst) == c.Hash {
@@ -197,7 +265,7 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 						corrupt.Add(1)
 					}
 				}
-				data, err := s.fetch(gctx, c.Hash, c.Size)
+				data, err := s.fetchAt(gctx, m, c.Hash, c.Size)
 				if err != nil {
 					return err
 				}
@@ -254,6 +322,46 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 	return st, nil
 }
 
+// memBytes is the most an import keeps in memory of the packed chunks it
+// fetched, for its assembly.
+var memBytes int64 = 256 << 20
+
+// cached is a chunk for the cache.
+type cached struct {
+	h    Hash
+	data []byte
+}
+
+// packedMem is the packed chunks an import fetched, verified, if it keeps
+// them (keep). Safe for concurrent use.
+type packedMem struct {
+	keep bool
+	mu   sync.Mutex
+	m    map[Hash][]byte
+}
+
+func (p *packedMem) add(h Hash, data []byte) {
+	if !p.keep {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = make(map[Hash][]byte)
+	}
+	p.m[h] = data
+}
+
+func (p *packedMem) get(h Hash) ([]byte, bool) {
+	if !p.keep {
+		return nil, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d, ok := p.m[h]
+	return d, ok
+}
+
 // linkMin is the smallest file Options.LinkFiles keeps whole.
 const linkMin = 1 << 20
 
@@ -275,6 +383,18 @@ type run struct {
 	off    int64
 	bytes  int
 	chunks []Chunk
+}
+
+// fetchAt reads chunk h of manifest m from where the store holds it (its
+// pack, or an object of its own) and verifies it.
+func (s *Store) fetchAt(ctx context.Context, m *Manifest, h Hash, size int) ([]byte, error) {
+	pack, off, ok := m.Locate(h)
+	if !ok {
+		return s.fetch(ctx, h, size)
+	}
+	var data []byte
+	err := s.readSpan(ctx, span{pack: pack, off: off, n: size, chunks: []spanChunk{{h, off, size}}}, func(_ Hash, b []byte) { data = b })
+	return data, err
 }
 
 // fetch reads chunk h from the store and verifies it: a chunk that does

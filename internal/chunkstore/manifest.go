@@ -18,6 +18,7 @@ import (
 const (
 	manifestVersion  = 1 // a full chunk list per file
 	baseVersion      = 2 // over a base manifest (base.go)
+	packVersion      = 3 // its new chunks in pack files (pack.go), flat or over a base
 	maxBaseDepth     = 8 // manifests under one, its base's bases included
 	maxManifestBytes = 64 << 20
 	maxFiles         = 1024
@@ -36,9 +37,14 @@ type Manifest struct {
 	// none (base.go). Files always lists every chunk once the manifest is
 	// resolved; Store.Manifest resolves it.
 	Base Hash
+	// Packs are the pack files this manifest's export wrote its new chunks
+	// into (pack.go); non-nil (empty if it wrote none) makes the encoding
+	// version 3. Nil for versions 1 and 2: every chunk an object of its own.
+	Packs []Pack
 
-	depth int    // manifests under this one (0: no base)
-	ops   [][]op // per file, until resolved: what Decode read of a manifest over a base
+	depth int          // manifests under this one (0: no base)
+	ops   [][]op       // per file, until resolved: what Decode read of a manifest over a base
+	locs  map[Hash]loc // where its packed chunks are, its bases' once resolved
 }
 
 // File is one regular file of an image directory.
@@ -96,6 +102,7 @@ type wireManifest struct {
 	Hash     string            `json:"hash"`
 	Base     string            `json:"base,omitempty"`
 	Chunking Chunking          `json:"chunking"`
+	Packs    []wirePack        `json:"packs,omitempty"`
 	Files    []wireFile        `json:"files"`
 	Meta     map[string]string `json:"meta"`
 }
@@ -146,6 +153,17 @@ func (m *Manifest) encode(base *Manifest, baseRoot Hash) ([]byte, Hash, error) {
 			return nil, Hash{}, errdefs.New(errdefs.ErrInvalidArgument, "manifest: base %s has %d bases under it, at most %d", baseRoot, base.depth, maxBaseDepth-1)
 		}
 		w.Version, w.Base, idx = baseVersion, baseRoot.String(), indexBase(base)
+	}
+	if m.Packs != nil {
+		if len(m.Packs) > maxPacks {
+			return nil, Hash{}, errdefs.New(errdefs.ErrInvalidArgument, "manifest: %d packs, more than %d", len(m.Packs), maxPacks)
+		}
+		for _, p := range m.Packs {
+			if p.ID != newPack(p.Chunks).ID || len(p.Chunks) == 0 || p.Bytes() > maxPackBytes {
+				return nil, Hash{}, errdefs.New(errdefs.ErrInvalidArgument, "manifest: pack %s: its name is not its chunk list's hash, or it is empty or too large", p.ID)
+			}
+		}
+		w.Version, w.Packs = packVersion, encodePacks(m.Packs)
 	}
 	for _, f := range m.Files {
 		var total int64
@@ -209,7 +227,14 @@ func decode(b []byte) (*Manifest, error) {
 		return nil, err
 	}
 	m := &Manifest{Chunking: w.Chunking, Meta: w.Meta}
-	if w.Version == baseVersion {
+	if w.Version == packVersion {
+		packs, locs, err := decodePacks(w.Packs)
+		if err != nil {
+			return nil, err
+		}
+		m.Packs, m.locs = packs, locs
+	}
+	if w.Base != "" {
 		m.Base, _ = ParseHash(w.Base) // validate checked it
 		m.ops = make([][]op, len(w.Files))
 	}
@@ -246,12 +271,21 @@ func (w *wireManifest) validate() error {
 		if w.Base != "" {
 			return bad("a base in a version %d manifest", w.Version)
 		}
-	case baseVersion:
-		if h, err := ParseHash(w.Base); err != nil || h.String() != w.Base {
+	case baseVersion, packVersion:
+		if w.Base == "" && w.Version == baseVersion {
+			return bad("no base in a version %d manifest", w.Version)
+		}
+		if h, err := ParseHash(w.Base); w.Base != "" && (err != nil || h.String() != w.Base) {
 			return bad("base %q: want a root in lower-case hex", w.Base)
 		}
 	default:
-		return bad("version %d, want %d or %d", w.Version, manifestVersion, baseVersion)
+		return bad("version %d, want %d, %d or %d", w.Version, manifestVersion, baseVersion, packVersion)
+	}
+	if w.Version != packVersion && w.Packs != nil {
+		return bad("packs in a version %d manifest", w.Version)
+	}
+	if len(w.Packs) > maxPacks {
+		return bad("%d packs, more than %d", len(w.Packs), maxPacks)
 	}
 	if w.Hash != HashAlg {
 		return bad("hash %q, want %q", w.Hash, HashAlg)

@@ -117,6 +117,8 @@ func FuzzDecode(f *testing.F) {
 	_, baseRoot, _ := base.Encode()
 	over, _, _ := derived().EncodeOver(base, baseRoot)
 	f.Add(over)
+	pb, _, _ := packed().Encode()
+	f.Add(pb)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := Decode(b, Sum(b))
 		if err != nil {

@@ -272,3 +272,31 @@ func (b *S3Backend) List(ctx context.Context, prefix string, fn func(Object) err
 
 // Flush is a no-op: an S3 PUT is durable when it returns.
 func (b *S3Backend) Flush(ctx context.Context) error { return nil }
+
+// GetRange reads n bytes of the object from off with a ranged GET (fewer
+// at its end; none past it).
+func (b *S3Backend) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	rctx, cancel := b.reqCtx(ctx)
+	defer cancel()
+	opts := minio.GetObjectOptions{}
+	if err := opts.SetRange(off, off+n-1); err != nil {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "reading %s: range %d+%d: %v", key, off, n, err)
+	}
+	obj, err := b.c.GetObject(rctx, b.bucket, b.prefix+key, opts)
+	if err != nil {
+		return nil, s3Err("reading", key, err)
+	}
+	defer obj.Close()
+	data, err := io.ReadAll(obj)
+	if err != nil {
+		var resp minio.ErrorResponse
+		if errors.As(err, &resp) && resp.StatusCode == http.StatusRequestedRangeNotSatisfiable {
+			return nil, nil // the object ends before off
+		}
+		return nil, s3Err("reading", key, err)
+	}
+	return data, nil
+}

@@ -51,6 +51,18 @@ type Options struct {
 	// assembling it: an image whose base this host holds imports as what
 	// it changed, its base linked as the runtime itself links it.
 	Immutable bool
+	// PackBytes turns pack files on (pack.go): an export writes the chunks
+	// the store lacks into pack objects of about this many bytes, listed
+	// in a version 3 manifest, and a cold import reads them with ranged
+	// reads of up to 4 MiB instead of one request per chunk. 0 leaves
+	// them off, except that Open turns them on (DefaultPackBytes) for
+	// s3:// stores, where each request costs (a file:// store reads a
+	// chunk with one open and read); negative turns them off. With packs
+	// on, an export does not ask the store which chunks it has: it
+	// reuses its base's chunks and packs the rest, so a chunk that
+	// another image's pack holds is stored again (docs/benchmarks.md,
+	// "Pack files", measures what that costs).
+	PackBytes int
 }
 
 // Progress is how far one Export or Import is, in bytes of the phase over
@@ -75,6 +87,7 @@ type Store struct {
 	parallel int
 	progress func(Progress)
 	link     bool
+	pack     int // pack size; 0 for no packs
 
 	// Chunks this store saw in the backend (found or uploaded) since the
 	// last collection, known by the collection epoch it read: exports skip
@@ -147,6 +160,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 		b, err = OpenFile(u.Path)
 	case "s3":
 		b, err = OpenS3(ctx, u.Host, strings.Trim(u.Path, "/"), opts.S3)
+		if opts.PackBytes == 0 {
+			opts.PackBytes = DefaultPackBytes
+		}
 	default:
 		return nil, errdefs.New(errdefs.ErrInvalidArgument, "chunk store URL %q: want file:///dir or s3://bucket/prefix", rawURL)
 	}
@@ -168,6 +184,10 @@ func New(b Backend, opts Options) (*Store, error) {
 	if s.parallel <= 0 {
 		s.parallel = 16
 	}
+	if opts.PackBytes > maxPackBytes {
+		return nil, errdefs.New(errdefs.ErrInvalidArgument, "pack size %d: at most %d", opts.PackBytes, maxPackBytes)
+	}
+	s.pack = max(opts.PackBytes, 0)
 	r := opts.Retry
 	if r == (Retry{}) {
 		r = DefaultRetry
@@ -208,6 +228,9 @@ type Stats struct {
 	// Chunks uploaded (export) or downloaded (import), and their bytes.
 	Transferred      int
 	TransferredBytes int64
+	// Export: the packs its manifest lists (uploaded or found stored).
+	// Import: the ranged reads of packs it made.
+	Packs int
 	// Import: cached chunks that failed verification (dropped, refetched).
 	CacheCorrupt int
 	// Import: files hard-linked whole from the cache (Options.LinkFiles)
@@ -228,6 +251,9 @@ func (st *Stats) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "root %s: %d files, %d bytes, %d chunks (%d zero, %d distinct, %d present, %d transferred, %d bytes)",
 		st.Root, st.Files, st.Bytes, st.Chunks, st.ZeroChunks, st.Distinct, st.Present, st.Transferred, st.TransferredBytes)
+	if st.Packs > 0 {
+		fmt.Fprintf(&b, ", %d packs", st.Packs)
+	}
 	if st.Reused > 0 {
 		fmt.Fprintf(&b, ", %d files remembered", st.Reused)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/chunkstore"
+	"github.com/cellfork/cellfork/internal/chunkstore/chunkstoretest"
 	"github.com/cellfork/cellfork/internal/clusterauth"
 	"github.com/cellfork/cellfork/internal/clusterdb"
 	"github.com/cellfork/cellfork/internal/errdefs"
@@ -528,7 +529,7 @@ func testStoreOutage(t *testing.T) {
 }
 
 // storeUse is what the cluster's chunk store holds: its manifests and
-// chunks, and their bytes.
+// chunk and pack objects, and their bytes.
 func storeUse(t *testing.T) (manifests, chunks int, bytes int64) {
 	t.Helper()
 	err := filepath.WalkDir(c.StoreDir, func(p string, d fs.DirEntry, err error) error {
@@ -548,8 +549,8 @@ func storeUse(t *testing.T) (manifests, chunks int, bytes int64) {
 		switch rel, _ := filepath.Rel(c.StoreDir, p); {
 		case strings.HasPrefix(rel, "manifests/"):
 			manifests++
-		case strings.HasPrefix(rel, "chunks/"):
-			chunks++
+		case strings.HasPrefix(rel, "chunks/"), strings.HasPrefix(rel, "packs/"):
+			chunks++ // a chunk, or a pack of them (s3:// stores)
 		default:
 			return nil
 		}
@@ -656,10 +657,17 @@ func rowsIntact(t *testing.T) {
 		}
 		// The S3 server keeps each object as a file under StoreDir: a stat
 		// each, not a request each (the built-in template's artifact
-		// alone names 46,000 chunks).
+		// alone names 46,000 chunks). Each chunk's object is its own or
+		// its pack (s3:// stores write pack files).
+		seen := map[string]bool{}
 		for _, h := range m.Hashes() {
-			if _, err := os.Stat(filepath.Join(c.StoreDir, chunkstore.ChunkKey(h))); err != nil {
-				t.Errorf("manifest %s names chunk %s, which is not in the store: %v", root, chunkstore.ChunkKey(h), err)
+			k, _ := chunkstoretest.StoredAt(m, h)
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			if _, err := os.Stat(filepath.Join(c.StoreDir, k)); err != nil {
+				t.Errorf("manifest %s names chunk or pack %s, which is not in the store: %v", root, k, err)
 			}
 		}
 	}

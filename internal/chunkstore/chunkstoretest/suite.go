@@ -25,18 +25,44 @@ import (
 func Run(t *testing.T, newBackend func(t *testing.T) chunkstore.Backend) {
 	t.Run("Objects", func(t *testing.T) { testObjects(t, newBackend(t)) })
 	t.Run("Locks", func(t *testing.T) { testLocks(t, newBackend(t)) })
-	t.Run("RoundTrip", func(t *testing.T) { testRoundTrip(t, newBackend(t)) })
-	t.Run("Dedup", func(t *testing.T) { testDedup(t, newBackend(t)) })
-	t.Run("CorruptInStore", func(t *testing.T) { testCorruptInStore(t, newBackend(t)) })
-	t.Run("CorruptInCache", func(t *testing.T) { testCorruptInCache(t, newBackend(t)) })
-	t.Run("Cancelled", func(t *testing.T) { testCancelled(t, newBackend(t)) })
-	t.Run("LinkFiles", func(t *testing.T) { testLinkFiles(t, newBackend(t)) })
-	t.Run("GC", func(t *testing.T) { testGC(t, newBackend(t)) })
-	t.Run("GCAgainstExport", func(t *testing.T) { testGCAgainstExport(t, newBackend(t)) })
-	t.Run("GCWaitingForTheLock", func(t *testing.T) { testGCWaitingForTheLock(t, newBackend(t)) })
-	t.Run("Base", func(t *testing.T) { testBase(t, newBackend(t)) })
-	t.Run("BaseChain", func(t *testing.T) { testBaseChain(t, newBackend(t)) })
-	t.Run("GCAgainstExportOverBase", func(t *testing.T) { testGCAgainstExportOverBase(t, newBackend(t)) })
+	// The Store over it, every chunk an object of its own (manifests of
+	// version 1 and 2), then with pack files (version 3; small packs, so
+	// that an image is several packs and an import several ranges).
+	for _, cs := range []suite{{"Loose", -1}, {"Packed", 96 << 10}} {
+		t.Run(cs.name, func(t *testing.T) {
+			t.Run("RoundTrip", func(t *testing.T) { cs.testRoundTrip(t, newBackend(t)) })
+			t.Run("Dedup", func(t *testing.T) { cs.testDedup(t, newBackend(t)) })
+			t.Run("CorruptInStore", func(t *testing.T) { cs.testCorruptInStore(t, newBackend(t)) })
+			t.Run("CorruptInCache", func(t *testing.T) { cs.testCorruptInCache(t, newBackend(t)) })
+			t.Run("Cancelled", func(t *testing.T) { cs.testCancelled(t, newBackend(t)) })
+			t.Run("LinkFiles", func(t *testing.T) { cs.testLinkFiles(t, newBackend(t)) })
+			t.Run("GC", func(t *testing.T) { cs.testGC(t, newBackend(t)) })
+			t.Run("GCAgainstExport", func(t *testing.T) { cs.testGCAgainstExport(t, newBackend(t)) })
+			t.Run("GCWaitingForTheLock", func(t *testing.T) { cs.testGCWaitingForTheLock(t, newBackend(t)) })
+			t.Run("GCAgainstRewrite", func(t *testing.T) { cs.testGCAgainstRewrite(t, newBackend(t)) })
+			t.Run("Base", func(t *testing.T) { cs.testBase(t, newBackend(t)) })
+			t.Run("BaseChain", func(t *testing.T) { cs.testBaseChain(t, newBackend(t)) })
+			t.Run("GCAgainstExportOverBase", func(t *testing.T) { cs.testGCAgainstExportOverBase(t, newBackend(t)) })
+		})
+	}
+	t.Run("Packs", func(t *testing.T) { testPacks(t, newBackend(t)) })
+	t.Run("CorruptPack", func(t *testing.T) { testCorruptPack(t, newBackend(t)) })
+	t.Run("GCPacks", func(t *testing.T) { testGCPacks(t, newBackend(t)) })
+	t.Run("PacksOverLoose", func(t *testing.T) { testPacksOverLoose(t, newBackend(t)) })
+}
+
+// suite is how the Store tests run: with pack files (pack bytes > 0) or
+// without.
+type suite struct {
+	name string
+	pack int
+}
+
+func (cs suite) packed() bool { return cs.pack > 0 }
+
+// store is NewStore with the suite's packs.
+func (cs suite) store(t testing.TB, b chunkstore.Backend, cached bool) (*chunkstore.Store, *chunkstore.Cache) {
+	return NewStoreWith(t, b, cached, chunkstore.Options{PackBytes: cs.pack})
 }
 
 // Small images: a few hundred KiB each, so the suite stays quick.
@@ -48,6 +74,11 @@ var (
 
 // NewStore returns a Store over b with a cache in a temporary directory.
 func NewStore(t testing.TB, b chunkstore.Backend, cached bool) (*chunkstore.Store, *chunkstore.Cache) {
+	return NewStoreWith(t, b, cached, chunkstore.Options{})
+}
+
+// NewStoreWith is NewStore with opts (its Cache and Retry set here).
+func NewStoreWith(t testing.TB, b chunkstore.Backend, cached bool, opts chunkstore.Options) (*chunkstore.Store, *chunkstore.Cache) {
 	t.Helper()
 	var c *chunkstore.Cache
 	if cached {
@@ -56,7 +87,8 @@ func NewStore(t testing.TB, b chunkstore.Backend, cached bool) (*chunkstore.Stor
 			t.Fatal(err)
 		}
 	}
-	s, err := chunkstore.New(b, chunkstore.Options{Cache: c, Retry: chunkstore.Retry{Attempts: 2, Base: 10 * time.Millisecond}})
+	opts.Cache, opts.Retry = c, chunkstore.Retry{Attempts: 2, Base: 10 * time.Millisecond}
+	s, err := chunkstore.New(b, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,13 +241,13 @@ func testLocks(t *testing.T, b chunkstore.Backend) {
 	}
 }
 
-func testRoundTrip(t *testing.T, b chunkstore.Backend) {
+func (cs suite) testRoundTrip(t *testing.T, b chunkstore.Backend) {
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src")
 	imgA.Write(t, src)
 	meta := map[string]string{"template.artifact": "abc", "runsc": "v1"}
 	for _, cached := range []bool{false, true} {
-		s, _ := NewStore(t, b, cached)
+		s, _ := cs.store(t, b, cached)
 		st, err := s.Export(ctx(t), src, meta)
 		if err != nil {
 			t.Fatal(err)
@@ -266,7 +298,7 @@ func testRoundTrip(t *testing.T, b chunkstore.Backend) {
 			t.Fatalf("import over an existing directory: %v", err)
 		}
 	}
-	s, _ := NewStore(t, b, false)
+	s, _ := cs.store(t, b, false)
 	var absent chunkstore.Hash
 	absent[0] = 1
 	if _, err := s.Import(ctx(t), absent, filepath.Join(dir, "absent")); !errors.Is(err, errdefs.ErrNotFound) {
@@ -293,9 +325,9 @@ func noLeftovers(t *testing.T, dir string, names ...string) {
 	}
 }
 
-func testDedup(t *testing.T, b chunkstore.Backend) {
+func (cs suite) testDedup(t *testing.T, b chunkstore.Backend) {
 	dir := t.TempDir()
-	s, _ := NewStore(t, b, true)
+	s, _ := cs.store(t, b, true)
 	imgA.Write(t, filepath.Join(dir, "a"))
 	imgA2.Write(t, filepath.Join(dir, "a2"))
 	first, err := s.Export(ctx(t), filepath.Join(dir, "a"), nil)
@@ -315,7 +347,13 @@ func testDedup(t *testing.T, b chunkstore.Backend) {
 	if again.Asked != 0 {
 		t.Fatalf("the second export asked the store about %d chunks it had just uploaded", again.Asked)
 	}
-	other, err := s.Export(ctx(t), filepath.Join(dir, "a2"), nil)
+	// With packs, an image shares stored chunks through its base (a
+	// packed chunk is not an object the existence check finds).
+	var over chunkstore.Hash
+	if cs.packed() {
+		over = first.Root
+	}
+	other, err := s.ExportOver(ctx(t), filepath.Join(dir, "a2"), nil, over)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,7 +370,7 @@ func testDedup(t *testing.T, b chunkstore.Backend) {
 	roots := make([]chunkstore.Hash, 3)
 	for i := range roots {
 		wg.Go(func() {
-			st, err := s.Export(ctx(t), filepath.Join(dir, "a2"), nil)
+			st, err := s.ExportOver(ctx(t), filepath.Join(dir, "a2"), nil, over)
 			if err != nil {
 				t.Error(err)
 			}
@@ -347,9 +385,9 @@ func testDedup(t *testing.T, b chunkstore.Backend) {
 	}
 }
 
-func testCorruptInStore(t *testing.T, b chunkstore.Backend) {
+func (cs suite) testCorruptInStore(t *testing.T, b chunkstore.Backend) {
 	dir := t.TempDir()
-	s, _ := NewStore(t, b, true)
+	s, _ := cs.store(t, b, true)
 	imgA.Write(t, filepath.Join(dir, "a"))
 	st, err := s.Export(ctx(t), filepath.Join(dir, "a"), nil)
 	if err != nil {
@@ -359,22 +397,26 @@ func testCorruptInStore(t *testing.T, b chunkstore.Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	victim := m.Files[2].Chunks[1].Hash // pages.img
-	good, err := b.Get(ctx(t), chunkstore.ChunkKey(victim))
+	victim := m.Files[2].Chunks[1] // pages.img
+	key, off := StoredAt(m, victim.Hash)
+	good, err := b.Get(ctx(t), key)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cs.packed() != (key != chunkstore.ChunkKey(victim.Hash)) {
+		t.Fatalf("chunk stored at %s (packs %v)", key, cs.packed())
+	}
 	bad := slices.Clone(good)
-	bad[len(bad)/2] ^= 1
-	if err := b.Put(ctx(t), chunkstore.ChunkKey(victim), bad); err != nil {
+	bad[off+int64(victim.Size)/2] ^= 1
+	if err := b.Put(ctx(t), key, bad); err != nil {
 		t.Fatal(err)
 	}
-	cold, _ := NewStore(t, b, true)
+	cold, _ := cs.store(t, b, true)
 	if _, err := cold.Import(ctx(t), st.Root, filepath.Join(dir, "out")); !errors.Is(err, errdefs.ErrCorrupt) {
 		t.Fatalf("import with a corrupt chunk in the store: %v, want ErrCorrupt", err)
 	}
-	// A corrupt chunk that is also shorter.
-	if err := b.Put(ctx(t), chunkstore.ChunkKey(victim), good[:10]); err != nil {
+	// A corrupt chunk that is also shorter (a pack cut short in it).
+	if err := b.Put(ctx(t), key, good[:off+10]); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cold.Import(ctx(t), st.Root, filepath.Join(dir, "out")); !errors.Is(err, errdefs.ErrCorrupt) {
@@ -385,17 +427,17 @@ func testCorruptInStore(t *testing.T, b chunkstore.Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Put(ctx(t), chunkstore.ManifestKey(st.Root), bytes.Replace(body, []byte(`"version":1`), []byte(`"version":2`), 1)); err != nil {
+	if err := b.Put(ctx(t), chunkstore.ManifestKey(st.Root), flipped(body)); err != nil {
 		t.Fatal(err)
 	}
-	uncached, _ := NewStore(t, b, false)
+	uncached, _ := cs.store(t, b, false)
 	if _, err := uncached.Manifest(ctx(t), st.Root); !errors.Is(err, errdefs.ErrCorrupt) {
 		t.Fatalf("corrupt manifest: %v, want ErrCorrupt", err)
 	}
 	noLeftovers(t, dir, "a")
 	// Exporting again repairs nothing in place (the chunk is "present"),
 	// but a store whose chunk is put back serves the image again.
-	if err := b.Put(ctx(t), chunkstore.ChunkKey(victim), good); err != nil {
+	if err := b.Put(ctx(t), key, good); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Put(ctx(t), chunkstore.ManifestKey(st.Root), body); err != nil {
@@ -407,9 +449,9 @@ func testCorruptInStore(t *testing.T, b chunkstore.Backend) {
 	Equal(t, filepath.Join(dir, "a"), filepath.Join(dir, "out"))
 }
 
-func testCorruptInCache(t *testing.T, b chunkstore.Backend) {
+func (cs suite) testCorruptInCache(t *testing.T, b chunkstore.Backend) {
 	dir := t.TempDir()
-	s, cache := NewStore(t, b, true)
+	s, cache := cs.store(t, b, true)
 	imgA.Write(t, filepath.Join(dir, "a"))
 	st, err := s.Export(ctx(t), filepath.Join(dir, "a"), nil)
 	if err != nil {
@@ -449,18 +491,16 @@ func testCorruptInCache(t *testing.T, b chunkstore.Backend) {
 	data, _ := os.ReadFile(p)
 	data[5] ^= 1
 	os.WriteFile(p, data, 0o600)
-	if err := b.Put(ctx(t), chunkstore.ChunkKey(hashes[3]), data); err != nil {
-		t.Fatal(err)
-	}
+	PutStored(t, b, m, hashes[3], data)
 	if _, err := s.Import(ctx(t), st.Root, filepath.Join(dir, "out2")); !errors.Is(err, errdefs.ErrCorrupt) {
 		t.Fatalf("corrupt in the cache and the store: %v", err)
 	}
 	noLeftovers(t, dir, "a", "out")
 }
 
-func testCancelled(t *testing.T, b chunkstore.Backend) {
+func (cs suite) testCancelled(t *testing.T, b chunkstore.Backend) {
 	dir := t.TempDir()
-	s, _ := NewStore(t, b, false)
+	s, _ := cs.store(t, b, false)
 	imgA.Write(t, filepath.Join(dir, "a"))
 	c, cancel := context.WithCancel(ctx(t))
 	cancel()
@@ -482,6 +522,17 @@ func testCancelled(t *testing.T, b chunkstore.Backend) {
 	noLeftovers(t, dir, "a")
 }
 
+// stored counts the chunk and pack objects in the store, and their bytes.
+func stored(t *testing.T, b chunkstore.Backend) (n int, bytes int64) {
+	t.Helper()
+	n, bytes = count(t, b, "chunks/")
+	np, bp := count(t, b, "packs/")
+	return n + np, bytes + bp
+}
+
+// deleted is how many chunk and pack objects a collection deleted.
+func deleted(st chunkstore.GCStats) int { return st.DeletedChunks + st.DeletedPacks }
+
 func count(t *testing.T, b chunkstore.Backend, prefix string) (n int, bytes int64) {
 	t.Helper()
 	if err := b.List(ctx(t), prefix, func(o chunkstore.Object) error { n++; bytes += o.Size; return nil }); err != nil {
@@ -490,9 +541,9 @@ func count(t *testing.T, b chunkstore.Backend, prefix string) (n int, bytes int6
 	return n, bytes
 }
 
-func testGC(t *testing.T, b chunkstore.Backend) {
+func (cs suite) testGC(t *testing.T, b chunkstore.Backend) {
 	dir := t.TempDir()
-	s, _ := NewStore(t, b, false)
+	s, _ := cs.store(t, b, false)
 	imgA.Write(t, filepath.Join(dir, "a"))
 	imgA2.Write(t, filepath.Join(dir, "a2"))
 	imgB.Write(t, filepath.Join(dir, "b"))
@@ -504,14 +555,14 @@ func testGC(t *testing.T, b chunkstore.Backend) {
 		}
 		roots = append(roots, st.Root)
 	}
-	chunks, chunkBytes := count(t, b, "chunks/")
+	chunks, chunkBytes := stored(t, b)
 	live := chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return roots[:2], nil })
 	// Within the grace period nothing goes.
 	st, err := s.GC(ctx(t), live, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.DeletedChunks != 0 || st.DeletedManifests != 0 || st.Chunks != chunks || st.Manifests != 3 {
+	if deleted(st) != 0 || st.DeletedManifests != 0 || st.Chunks+st.Packs != chunks || st.Manifests != 3 {
 		t.Fatalf("gc within the grace period: %+v", st)
 	}
 	// A root the caller holds that the store does not is reported.
@@ -522,8 +573,8 @@ func testGC(t *testing.T, b chunkstore.Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	left, leftBytes := count(t, b, "chunks/")
-	if st.DeletedManifests != 1 || st.DeletedChunks == 0 || st.DeletedChunks != chunks-left || st.MissingLive != 1 {
+	left, leftBytes := stored(t, b)
+	if st.DeletedManifests != 1 || deleted(st) == 0 || deleted(st) != chunks-left || st.MissingLive != 1 {
 		t.Fatalf("gc: %+v; %d chunks before, %d after", st, chunks, left)
 	}
 	if st.BytesFreed < chunkBytes-leftBytes {
@@ -544,8 +595,8 @@ func testGC(t *testing.T, b chunkstore.Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := count(t, b, "chunks/"); n != 0 {
-		t.Fatalf("%d chunks left with no live manifest (%+v)", n, st)
+	if n, _ := stored(t, b); n != 0 {
+		t.Fatalf("%d chunks or packs left with no live manifest (%+v)", n, st)
 	}
 	if n, _ := count(t, b, "manifests/"); n != 0 {
 		t.Fatalf("%d manifests left with none live", n)
@@ -583,10 +634,10 @@ func (h *hooked) List(ctx context.Context, prefix string, fn func(chunkstore.Obj
 // (chunks no manifest names any more, older than the grace period: a
 // collection's candidates) between the collection's mark and its sweep.
 // The collection must see the export's manifest and keep them.
-func testGCAgainstExport(t *testing.T, b chunkstore.Backend) {
+func (cs suite) testGCAgainstExport(t *testing.T, b chunkstore.Backend) {
 	dir := t.TempDir()
 	imgA.Write(t, filepath.Join(dir, "a"))
-	plain, _ := NewStore(t, b, false)
+	plain, _ := cs.store(t, b, false)
 	first, err := plain.Export(ctx(t), filepath.Join(dir, "a"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -604,7 +655,7 @@ func testGCAgainstExport(t *testing.T, b chunkstore.Backend) {
 		}
 		exported.Store(true)
 	}}
-	s, _ := NewStore(t, h, false)
+	s, _ := cs.store(t, h, false)
 	// The export's manifest is not live for the caller yet (it records the
 	// root after Export returns): only the lock protects its chunks.
 	none := chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return nil, nil })
@@ -615,7 +666,7 @@ func testGCAgainstExport(t *testing.T, b chunkstore.Backend) {
 	if !exported.Load() || again.Transferred != 0 {
 		t.Fatalf("the export did not run between mark and sweep, or uploaded: %s", &again)
 	}
-	if st.DeletedChunks != 0 || st.LiveManifests != 1 {
+	if deleted(st) != 0 || st.LiveManifests != 1 {
 		t.Fatalf("gc against an export: %+v", st)
 	}
 	if _, err := plain.Import(ctx(t), again.Root, filepath.Join(dir, "out")); err != nil {
@@ -628,10 +679,10 @@ func testGCAgainstExport(t *testing.T, b chunkstore.Backend) {
 // and then waited for another collector's lock longer than the grace
 // period keeps a manifest written while it waited (its caller could not
 // have named it): the grace counts from the call.
-func testGCWaitingForTheLock(t *testing.T, b chunkstore.Backend) {
+func (cs suite) testGCWaitingForTheLock(t *testing.T, b chunkstore.Backend) {
 	dir := t.TempDir()
 	imgA.Write(t, filepath.Join(dir, "a"))
-	s, _ := NewStore(t, b, false)
+	s, _ := cs.store(t, b, false)
 	_, unGC, err := b.(chunkstore.Locker).Lock(ctx(t), chunkstore.LockGC, true)
 	if err != nil {
 		t.Fatal(err)
@@ -667,11 +718,11 @@ func testGCWaitingForTheLock(t *testing.T, b chunkstore.Backend) {
 // manifest names (a collection's candidate, with its chunks) between the
 // collection's mark and its sweep: the collection must keep the base and
 // its chunks for the export's manifest.
-func testGCAgainstExportOverBase(t *testing.T, b chunkstore.Backend) {
+func (cs suite) testGCAgainstExportOverBase(t *testing.T, b chunkstore.Backend) {
 	dir := t.TempDir()
 	imgA.Write(t, filepath.Join(dir, "a"))
 	derive(t, filepath.Join(dir, "a"), filepath.Join(dir, "d"), 0x11, 4096*30)
-	plain, _ := NewStore(t, b, false)
+	plain, _ := cs.store(t, b, false)
 	base, err := plain.Export(ctx(t), filepath.Join(dir, "a"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -683,7 +734,7 @@ func testGCAgainstExportOverBase(t *testing.T, b chunkstore.Backend) {
 			t.Error(err)
 		}
 	}}
-	s, _ := NewStore(t, h, false)
+	s, _ := cs.store(t, h, false)
 	none := chunkstore.RootsFunc(func(context.Context) ([]chunkstore.Hash, error) { return nil, nil })
 	st, err := s.GC(ctx(t), none, 0)
 	if err != nil {
@@ -692,7 +743,7 @@ func testGCAgainstExportOverBase(t *testing.T, b chunkstore.Backend) {
 	if over.Base != base.Root {
 		t.Fatalf("the export between mark and sweep: %s, over %s", &over, over.Base)
 	}
-	if st.DeletedManifests != 0 || st.DeletedChunks != 0 || st.LiveManifests != 2 {
+	if st.DeletedManifests != 0 || deleted(st) != 0 || st.LiveManifests != 2 {
 		t.Fatalf("gc against an export over a base: %+v", st)
 	}
 	if _, err := plain.Import(ctx(t), over.Root, filepath.Join(dir, "out")); err != nil {
@@ -703,13 +754,13 @@ func testGCAgainstExportOverBase(t *testing.T, b chunkstore.Backend) {
 
 // testLinkFiles: with Options.LinkFiles, a second import of the same image
 // hard-links its large files from the cache instead of writing them.
-func testLinkFiles(t *testing.T, b chunkstore.Backend) {
+func (cs suite) testLinkFiles(t *testing.T, b chunkstore.Backend) {
 	dir := t.TempDir()
 	cache, err := chunkstore.OpenCache(filepath.Join(dir, "cache"), 1<<30)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := chunkstore.New(b, chunkstore.Options{Cache: cache, LinkFiles: true})
+	s, err := chunkstore.New(b, chunkstore.Options{Cache: cache, LinkFiles: true, PackBytes: cs.pack})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -786,9 +837,9 @@ func derive(t *testing.T, src, dst string, seed byte, offsets ...int64) {
 // testBase checks manifests over a base: small, imported byte-exact (over a
 // chain of bases too), kept by a collection as long as a manifest over them
 // is, refused when the base is corrupt, written flat when the base is gone.
-func testBase(t *testing.T, b chunkstore.Backend) {
+func (cs suite) testBase(t *testing.T, b chunkstore.Backend) {
 	dir := t.TempDir()
-	s, _ := NewStore(t, b, true)
+	s, _ := cs.store(t, b, true)
 	imgA.Write(t, filepath.Join(dir, "a"))
 	derive(t, filepath.Join(dir, "a"), filepath.Join(dir, "d"), 0x5a, 4096*10, 4096*200)
 	derive(t, filepath.Join(dir, "d"), filepath.Join(dir, "d2"), 0xa5, 4096*50)
@@ -811,12 +862,20 @@ func testBase(t *testing.T, b chunkstore.Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Base != base.Root || m.Base != base.Root || st.ManifestBytes*3 > len(flat) {
+	// (With packs, both list the packs of the chunks it added.)
+	small := 3
+	if cs.packed() {
+		small = 2
+	}
+	if st.Base != base.Root || m.Base != base.Root || st.ManifestBytes*small > len(flat) {
 		t.Fatalf("export over a base: %s, %d bytes (flat %d), manifest base %s", &st, st.ManifestBytes, len(flat), m.Base)
 	}
 	// It asked the store only about chunks the base lacks, and uploaded
 	// only those.
-	if st.Asked >= st.Distinct/2 || st.Transferred == 0 || st.Transferred > st.Asked {
+	if cs.packed() && (st.Asked != 0 || st.Transferred == 0 || st.Transferred >= st.Distinct/2 || st.Packs == 0) {
+		t.Fatalf("packed export over a base asked about %d and uploaded %d of %d chunks in %d packs", st.Asked, st.Transferred, st.Distinct, st.Packs)
+	}
+	if !cs.packed() && (st.Asked >= st.Distinct/2 || st.Transferred == 0 || st.Transferred > st.Asked) {
 		t.Fatalf("export over a base asked about %d and uploaded %d of %d chunks", st.Asked, st.Transferred, st.Distinct)
 	}
 	st2, err := s.ExportOver(ctx(t), filepath.Join(dir, "d2"), nil, st.Root)
@@ -826,7 +885,7 @@ func testBase(t *testing.T, b chunkstore.Backend) {
 	if st2.Base != st.Root {
 		t.Fatalf("export over d: %s", &st2)
 	}
-	cold, _ := NewStore(t, b, false)
+	cold, _ := cs.store(t, b, false)
 	for n, r := range map[string]chunkstore.Hash{"d": st.Root, "d2": st2.Root} {
 		out := filepath.Join(dir, "out-"+n)
 		if _, err := cold.Import(ctx(t), r, out); err != nil {
@@ -862,7 +921,7 @@ func testBase(t *testing.T, b chunkstore.Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bad := bytes.Replace(good, []byte(`"version":1`), []byte(`"version":3`), 1)
+	bad := flipped(good)
 	if err := b.Put(ctx(t), chunkstore.ManifestKey(base.Root), bad); err != nil {
 		t.Fatal(err)
 	}
@@ -899,16 +958,16 @@ func testBase(t *testing.T, b chunkstore.Backend) {
 	if n, _ := count(t, b, "manifests/"); n != 0 {
 		t.Fatalf("%d manifests left with none live", n)
 	}
-	if n, _ := count(t, b, "chunks/"); n != 0 {
-		t.Fatalf("%d chunks left with none live", n)
+	if n, _ := stored(t, b); n != 0 {
+		t.Fatalf("%d chunks or packs left with none live", n)
 	}
 }
 
 // testBaseChain exports a chain of images, each over the one before: past
 // the depth limit an export is written flat, and every one imports.
-func testBaseChain(t *testing.T, b chunkstore.Backend) {
+func (cs suite) testBaseChain(t *testing.T, b chunkstore.Backend) {
 	dir := t.TempDir()
-	s, _ := NewStore(t, b, false)
+	s, _ := cs.store(t, b, false)
 	prev := filepath.Join(dir, "0")
 	imgB.Write(t, prev)
 	st, err := s.Export(ctx(t), prev, nil)
