@@ -60,90 +60,12 @@ func (s *Store) ExportOver(ctx context.Context, dir string, meta map[string]stri
 		timing.Add(ctx, name, d)
 	}
 
-	names, err := imageFiles(dir)
+	p, err := s.plan(ctx, dir, meta, base, &st, phase, false)
 	if err != nil {
 		return st, err
 	}
-	tc := time.Now()
-	m := &Manifest{Chunking: s.chunking, Meta: meta}
-	locs := make(map[Hash]where)
-	pr := chunkProgress{}
-	for _, name := range names {
-		info, err := os.Stat(filepath.Join(dir, name))
-		if err != nil {
-			return st, err
-		}
-		pr.total += info.Size()
-	}
-	for i, name := range names {
-		path := filepath.Join(dir, name)
-		if f, ok := s.recall(path); ok {
-			f.Name = name
-			s.reuseFile(f, i, locs, &pr, &st)
-			m.Files = append(m.Files, f)
-			continue
-		}
-		before, _ := identify(path)
-		f, err := s.chunkFile(ctx, path, name, i, locs, &pr, &st)
-		if err != nil {
-			return st, err
-		}
-		s.rememberFile(path, before, f)
-		m.Files = append(m.Files, f)
-	}
-	phase("export.chunk", tc)
-	if base == (Hash{}) {
-		// A noted base this image holds a file of: exported first if it
-		// never was, or was collected.
-		if b, ok := s.baseFor(dir, names); ok {
-			found := b.root != (Hash{})
-			if found {
-				if found, err = s.HasManifest(ctx, b.root); err != nil {
-					return st, fmt.Errorf("checking base %s: %w", b.root, err)
-				}
-			}
-			if !found {
-				bst, err := s.exportBase(ctx, b)
-				switch {
-				case err == nil:
-					b.root = bst.Root
-				case ctx.Err() != nil, errors.Is(err, errdefs.ErrUnavailable):
-					return st, fmt.Errorf("exporting its base %s: %w", b.dir, err)
-				default:
-					b.root = Hash{} // the base image is gone or changed: flat
-				}
-			}
-			base = b.root
-		}
-	}
-	var bm *Manifest
-	if base != (Hash{}) {
-		bm, err = s.Manifest(ctx, base)
-		switch {
-		case isNotFound(err):
-			bm = nil
-		case err != nil:
-			return st, fmt.Errorf("reading base %s: %w", base, err)
-		case bm.depth+1 >= maxBaseDepth:
-			bm = nil
-		}
-	}
-	// The manifest, its packs (with packs on) the chunks bm lacks: its
-	// root depends on the image, meta and base only.
-	encode := func() ([]byte, Hash, error) {
-		if s.pack > 0 {
-			m.Packs = s.packsOver(m, bm, locs)
-		}
-		if bm == nil {
-			return m.Encode()
-		}
-		return m.EncodeOver(bm, base)
-	}
-	body, root, err := encode()
-	if err != nil {
-		return st, err
-	}
-	st.Files, st.Bytes, st.Distinct = len(m.Files), m.Bytes(), len(locs)
+	names, m, locs, base := p.names, p.m, p.locs, p.base
+	body, root := p.body, p.root
 
 	// From the existence check to the manifest, GC must not sweep: a chunk
 	// found present now must still be there when the manifest names it.
@@ -156,23 +78,23 @@ func (s *Store) ExportOver(ctx context.Context, dir string, meta map[string]stri
 	// The base must still be there (a collection may have taken it before
 	// the lock was ours); then its chunks are, until the lock is released.
 	inBase := map[Hash]bool{}
-	if bm != nil {
+	if p.bm != nil {
 		found, err := s.b.Has(held, []string{ManifestKey(base)})
 		if err != nil {
 			return st, fmt.Errorf("checking base %s: %w", base, err)
 		}
 		if found[0] {
-			for _, h := range bm.Hashes() {
+			for _, h := range p.bm.Hashes() {
 				inBase[h] = true
 			}
 		} else {
-			bm = nil
-			if body, root, err = encode(); err != nil {
+			p.bm = nil
+			if body, root, err = p.encode(); err != nil {
 				return st, err
 			}
 		}
 	}
-	if bm != nil {
+	if p.bm != nil {
 		st.Base = base
 	}
 	st.Root, st.ManifestBytes = root, len(body)
@@ -248,6 +170,114 @@ func (s *Store) putManifest(held context.Context, root Hash, body []byte, phase 
 	}
 	phase(tm)
 	return nil
+}
+
+// plan is an export up to its manifest: the image's files cut (or
+// recalled), the base chosen, the manifest encoded. Export uploads what
+// the store lacks of it; Offer serves it to peers.
+type plan struct {
+	s     *Store
+	names []string
+	m     *Manifest
+	locs  map[Hash]where // where each distinct stored chunk is first
+	bm    *Manifest      // the base's, resolved; nil for none
+	base  Hash
+	body  []byte
+	root  Hash
+}
+
+// encode encodes the manifest over the base, if any, with its packs (with
+// packs on: the chunks the base lacks): its root depends on the image,
+// meta and base only.
+func (p *plan) encode() ([]byte, Hash, error) {
+	if p.s.pack > 0 {
+		p.m.Packs = p.s.packsOver(p.m, p.bm, p.locs)
+	}
+	if p.bm == nil {
+		return p.m.Encode()
+	}
+	return p.m.EncodeOver(p.bm, p.base)
+}
+
+// plan cuts the image dir and encodes its manifest over base (zero: the
+// noted base it holds a file of, if any, exported first if the store
+// lacks it), recording export.chunk. With keepAll (and
+// Options.Immutable), every file cut is remembered, not only those with
+// other names: an Offer's image is exported later, and is not cut again.
+func (s *Store) plan(ctx context.Context, dir string, meta map[string]string, base Hash, st *Stats, phase func(string, time.Time), keepAll bool) (*plan, error) {
+	names, err := imageFiles(dir)
+	if err != nil {
+		return nil, err
+	}
+	tc := time.Now()
+	m := &Manifest{Chunking: s.chunking, Meta: meta}
+	locs := make(map[Hash]where)
+	pr := chunkProgress{}
+	for _, name := range names {
+		info, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			return nil, err
+		}
+		pr.total += info.Size()
+	}
+	for i, name := range names {
+		path := filepath.Join(dir, name)
+		if f, ok := s.recall(path); ok {
+			f.Name = name
+			s.reuseFile(f, i, locs, &pr, st)
+			m.Files = append(m.Files, f)
+			continue
+		}
+		before, _ := identify(path)
+		f, err := s.chunkFile(ctx, path, name, i, locs, &pr, st)
+		if err != nil {
+			return nil, err
+		}
+		s.keep(path, before, f, !keepAll)
+		m.Files = append(m.Files, f)
+	}
+	phase("export.chunk", tc)
+	if base == (Hash{}) {
+		// A noted base this image holds a file of: exported first if it
+		// never was, or was collected.
+		if b, ok := s.baseFor(dir, names); ok {
+			found := b.root != (Hash{})
+			if found {
+				if found, err = s.HasManifest(ctx, b.root); err != nil {
+					return nil, fmt.Errorf("checking base %s: %w", b.root, err)
+				}
+			}
+			if !found {
+				bst, err := s.exportBase(ctx, b)
+				switch {
+				case err == nil:
+					b.root = bst.Root
+				case ctx.Err() != nil, errors.Is(err, errdefs.ErrUnavailable):
+					return nil, fmt.Errorf("exporting its base %s: %w", b.dir, err)
+				default:
+					b.root = Hash{} // the base image is gone or changed: flat
+				}
+			}
+			base = b.root
+		}
+	}
+	p := &plan{s: s, names: names, m: m, locs: locs, base: base}
+	if base != (Hash{}) {
+		p.bm, err = s.Manifest(ctx, base)
+		switch {
+		case isNotFound(err):
+			p.bm = nil
+		case err != nil:
+			return nil, fmt.Errorf("reading base %s: %w", base, err)
+		case p.bm.depth+1 >= maxBaseDepth:
+			p.bm = nil
+		}
+	}
+	if p.body, p.root, err = p.encode(); err != nil {
+		return nil, err
+	}
+	st.Files, st.Bytes, st.Distinct = len(m.Files), m.Bytes(), len(locs)
+	return p, nil
 }
 
 // imageFiles lists the regular files of an image directory, sorted.

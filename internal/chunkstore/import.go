@@ -26,12 +26,18 @@ import (
 // lacks, into the cache), import.assemble (read, verify, write),
 // import.finish.
 func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, err error) {
+	return s.importFrom(ctx, s.b, root, dir)
+}
+
+// importFrom is Import reading manifests and chunks the cache lacks from
+// src: the store's backend, or a peer before it (ImportFrom).
+func (s *Store) importFrom(ctx context.Context, src Backend, root Hash, dir string) (st Stats, err error) {
 	t0 := time.Now()
 	st.Root = root
 	defer func() {
 		st.Duration = time.Since(t0)
 		if err != nil {
-			err = fmt.Errorf("importing %s from %s into %s: %w", root, s.b, dir, err)
+			err = fmt.Errorf("importing %s from %s into %s: %w", root, src, dir, err)
 		}
 	}()
 	phase := func(name string, start time.Time) {
@@ -43,7 +49,7 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 		return st, errdefs.New(errdefs.ErrAlreadyExists, "image directory %s already exists", dir)
 	}
 	tm := time.Now()
-	m, err := s.Manifest(ctx, root)
+	m, err := s.manifest(ctx, src, root, 0)
 	if err != nil {
 		return st, err
 	}
@@ -122,6 +128,10 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 		}
 	}
 	st.Files, st.Bytes, st.Distinct = len(m.Files), m.Bytes(), len(order)
+	if pf, ok := src.(*peerFirst); ok {
+		// What the peer does not give comes from where the store holds it.
+		pf.storeChunk = func(ctx context.Context, h Hash) ([]byte, error) { return s.fetchAt(ctx, m, h, distinct[h]) }
+	}
 
 	// Fetch what the cache lacks (each distinct chunk once), verified, into
 	// the cache; then assemble every run from the cache. Without a cache,
@@ -149,7 +159,7 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 		var total int64
 		for _, h := range order {
 			if !s.cache.has(ChunkKey(h)) {
-				if _, _, ok := m.Locate(h); ok {
+				if _, _, ok := m.Locate(h); ok && src == s.b {
 					packed = append(packed, h)
 				} else {
 					missing = append(missing, h)
@@ -205,7 +215,7 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 				break
 			}
 			g.Go(func() error {
-				data, err := s.fetch(gctx, h, distinct[h])
+				data, err := s.fetch(gctx, src, h, distinct[h])
 				if err != nil {
 					return err
 				}
@@ -265,7 +275,7 @@ func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, er
 						corrupt.Add(1)
 					}
 				}
-				data, err := s.fetchAt(gctx, m, c.Hash, c.Size)
+				data, err := s.fetchVia(gctx, src, m, c.Hash, c.Size)
 				if err != nil {
 					return err
 				}
@@ -385,22 +395,31 @@ type run struct {
 	chunks []Chunk
 }
 
+// fetchVia reads chunk h of manifest m from src: a peer first (by its
+// hash; ImportFrom), else where the store holds it (fetchAt).
+func (s *Store) fetchVia(ctx context.Context, src Backend, m *Manifest, h Hash, size int) ([]byte, error) {
+	if src != s.b {
+		return s.fetch(ctx, src, h, size)
+	}
+	return s.fetchAt(ctx, m, h, size)
+}
+
 // fetchAt reads chunk h of manifest m from where the store holds it (its
 // pack, or an object of its own) and verifies it.
 func (s *Store) fetchAt(ctx context.Context, m *Manifest, h Hash, size int) ([]byte, error) {
 	pack, off, ok := m.Locate(h)
 	if !ok {
-		return s.fetch(ctx, h, size)
+		return s.fetch(ctx, s.b, h, size)
 	}
 	var data []byte
 	err := s.readSpan(ctx, span{pack: pack, off: off, n: size, chunks: []spanChunk{{h, off, size}}}, func(_ Hash, b []byte) { data = b })
 	return data, err
 }
 
-// fetch reads chunk h from the store and verifies it: a chunk that does
-// not hash to its name, or is not size bytes, is ErrCorrupt.
-func (s *Store) fetch(ctx context.Context, h Hash, size int) ([]byte, error) {
-	data, err := s.b.Get(ctx, ChunkKey(h))
+// fetch reads chunk h from src and verifies it: a chunk that does not
+// hash to its name, or is not size bytes, is ErrCorrupt.
+func (s *Store) fetch(ctx context.Context, src Backend, h Hash, size int) ([]byte, error) {
+	data, err := src.Get(ctx, ChunkKey(h))
 	if err != nil {
 		return nil, fmt.Errorf("reading chunk %s: %w", h, err)
 	}

@@ -349,7 +349,7 @@ func (s *Store) readSpan(ctx context.Context, sp span, fn func(h Hash, data []by
 	data, err := getRange(ctx, s.b, PackKey(sp.pack), sp.off, int64(sp.n))
 	if isNotFound(err) {
 		for _, c := range sp.chunks {
-			b, cerr := s.fetch(ctx, c.hash, c.size)
+			b, cerr := s.fetch(ctx, s.b, c.hash, c.size)
 			if cerr != nil {
 				if isNotFound(cerr) {
 					return fmt.Errorf("reading pack %s: %w", sp.pack, err)

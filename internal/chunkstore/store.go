@@ -104,6 +104,10 @@ type Store struct {
 	memo       map[fileID]remembered
 	memoByKey  map[string]fileID // fileKey of each remembered file
 	memoChunks int               // in memo
+
+	// Images served to peers (Offer, PeerHandler), by root.
+	offersMu sync.Mutex
+	offers   map[Hash]*offer // guarded by offersMu
 }
 
 // maxKnown bounds the known set (32 bytes a chunk and the map's overhead):
@@ -236,8 +240,15 @@ type Stats struct {
 	// Import: files hard-linked whole from the cache (Options.LinkFiles)
 	// or from where Export last saw them (Options.Immutable).
 	LinkedFiles int
-	Phases      []Phase
-	Duration    time.Duration
+	// ImportFrom: objects (manifests and chunks) read from the peer, their
+	// bytes, those read from the store instead, and why the peer was no
+	// longer asked ("" if it was to the end).
+	Peer       int
+	PeerBytes  int64
+	PeerMissed int
+	PeerError  string
+	Phases     []Phase
+	Duration   time.Duration
 }
 
 // Phase is one step's duration, as also recorded on the context's
@@ -257,6 +268,9 @@ func (st *Stats) String() string {
 	if st.Reused > 0 {
 		fmt.Fprintf(&b, ", %d files remembered", st.Reused)
 	}
+	if st.Peer > 0 || st.PeerMissed > 0 {
+		fmt.Fprintf(&b, ", %d objects (%d bytes) from the peer, %d from the store", st.Peer, st.PeerBytes, st.PeerMissed)
+	}
 	for _, p := range st.Phases {
 		fmt.Fprintf(&b, " %s=%.1fms", p.Name, float64(p.Dur.Microseconds())/1000)
 	}
@@ -272,20 +286,21 @@ func (s *Store) report(op, phase string, done, total int64) {
 // Manifest reads and verifies the manifest root names, from the cache if
 // it holds it, and resolves it over its bases (read and verified too).
 func (s *Store) Manifest(ctx context.Context, root Hash) (*Manifest, error) {
-	return s.manifest(ctx, root, 0)
+	return s.manifest(ctx, s.b, root, 0)
 }
 
-// manifest is Manifest for a manifest depth manifests above the one asked
-// for (its bases are read with depth+1).
-func (s *Store) manifest(ctx context.Context, root Hash, depth int) (*Manifest, error) {
-	m, err := s.readManifest(ctx, root)
+// manifest is Manifest read from b (the store's backend, or a peer's
+// before it) for a manifest depth manifests above the one asked for (its
+// bases are read with depth+1).
+func (s *Store) manifest(ctx context.Context, b Backend, root Hash, depth int) (*Manifest, error) {
+	m, err := s.readManifest(ctx, b, root)
 	if err != nil || m.ops == nil {
 		return m, err
 	}
 	if depth+1 >= maxBaseDepth {
 		return nil, fmt.Errorf("manifest %s: more than %d manifests over one another: %w", root, maxBaseDepth, errdefs.ErrCorrupt)
 	}
-	base, err := s.manifest(ctx, m.Base, depth+1)
+	base, err := s.manifest(ctx, b, m.Base, depth+1)
 	if err != nil {
 		return nil, fmt.Errorf("reading the base of manifest %s: %w", root, err)
 	}
@@ -295,27 +310,28 @@ func (s *Store) manifest(ctx context.Context, root Hash, depth int) (*Manifest, 
 	return m, nil
 }
 
-// readManifest reads and verifies one manifest, not resolved.
-func (s *Store) readManifest(ctx context.Context, root Hash) (*Manifest, error) {
+// readManifest reads and verifies one manifest from the cache or b, not
+// resolved.
+func (s *Store) readManifest(ctx context.Context, b Backend, root Hash) (*Manifest, error) {
 	key := ManifestKey(root)
 	if s.cache != nil {
-		if b, ok := s.cache.read(key, nil); ok {
-			if m, err := Decode(b, root); err == nil {
+		if cached, ok := s.cache.read(key, nil); ok {
+			if m, err := Decode(cached, root); err == nil {
 				return m, nil
 			}
 			s.cache.remove(key)
 		}
 	}
-	b, err := s.b.Get(ctx, key)
+	body, err := b.Get(ctx, key)
 	if err != nil {
-		return nil, fmt.Errorf("reading manifest %s from %s: %w", root, s.b, err)
+		return nil, fmt.Errorf("reading manifest %s from %s: %w", root, b, err)
 	}
-	m, err := Decode(b, root)
+	m, err := Decode(body, root)
 	if err != nil {
 		return nil, err
 	}
 	if s.cache != nil {
-		s.cache.put(key, b)
+		s.cache.put(key, body)
 	}
 	return m, nil
 }
