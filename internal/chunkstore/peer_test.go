@@ -1,7 +1,7 @@
 package chunkstore_test
 
 import (
-		"context"
+	"context"
 	"errors"
 	"io"
 	"net/http"
