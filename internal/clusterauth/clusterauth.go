@@ -37,9 +37,18 @@ type Caller struct {
 	Mint string // the id a create is to take
 }
 
-func mac(key []byte, method, uri, ts, team, mint string) string {
+// The purposes a signature is made for: a gateway's call to a host, and a
+// call to a host's image endpoints (a peer's). One never checks as the
+// other, so a gateway that signs a client's call to a host (any path, the
+// data plane's included) never opens a host's images to it.
+const (
+	purposeGateway = "cellfork/internal/v1"
+	purposePeer    = "cellfork/peer/v1"
+)
+
+func mac(key []byte, purpose, method, uri, ts, team, mint string) string {
 	m := hmac.New(sha256.New, key)
-	for _, s := range []string{"cellfork/internal/v1", method, uri, ts, team, mint} {
+	for _, s := range []string{purpose, method, uri, ts, team, mint} {
 		m.Write([]byte(s))
 		m.Write([]byte{0})
 	}
@@ -48,6 +57,17 @@ func mac(key []byte, method, uri, ts, team, mint string) string {
 
 // Sign signs r (as sent: its method and RequestURI-equivalent) for team.
 func Sign(r *http.Request, key []byte, team, mint string, now time.Time) {
+	sign(r, purposeGateway, key, team, mint, now)
+}
+
+// SignPeer signs r as a call to a host's image endpoints (a host fetching
+// an image from another, or a gateway asking a host to offer one), for
+// team ("" for none).
+func SignPeer(r *http.Request, key []byte, team string, now time.Time) {
+	sign(r, purposePeer, key, team, "", now)
+}
+
+func sign(r *http.Request, purpose string, key []byte, team, mint string, now time.Time) {
 	ts := strconv.FormatInt(now.UnixMilli(), 10)
 	r.Header.Set(HeaderTime, ts)
 	r.Header.Set(HeaderTeam, team)
@@ -56,7 +76,7 @@ func Sign(r *http.Request, key []byte, team, mint string, now time.Time) {
 	} else {
 		r.Header.Del(HeaderMint)
 	}
-	r.Header.Set(HeaderSig, mac(key, r.Method, r.URL.RequestURI(), ts, team, mint))
+	r.Header.Set(HeaderSig, mac(key, purpose, r.Method, r.URL.RequestURI(), ts, team, mint))
 }
 
 // Errors a call that is not a gateway's gets.
@@ -69,6 +89,16 @@ var (
 // Verify checks a received request's signature against keys (current
 // first) and returns who it came from.
 func Verify(r *http.Request, keys [][]byte, now time.Time) (Caller, error) {
+	return verifyFor(r, purposeGateway, keys, now)
+}
+
+// VerifyPeer checks a signature SignPeer made (a gateway's, Sign, does
+// not check).
+func VerifyPeer(r *http.Request, keys [][]byte, now time.Time) (Caller, error) {
+	return verifyFor(r, purposePeer, keys, now)
+}
+
+func verifyFor(r *http.Request, purpose string, keys [][]byte, now time.Time) (Caller, error) {
 	sig, ts := r.Header.Get(HeaderSig), r.Header.Get(HeaderTime)
 	if sig == "" || ts == "" {
 		return Caller{}, ErrUnsigned
@@ -82,7 +112,7 @@ func Verify(r *http.Request, keys [][]byte, now time.Time) (Caller, error) {
 	}
 	c := Caller{Team: r.Header.Get(HeaderTeam), Mint: r.Header.Get(HeaderMint)}
 	for _, k := range keys {
-		if hmac.Equal([]byte(sig), []byte(mac(k, r.Method, r.URL.RequestURI(), ts, c.Team, c.Mint))) {
+		if hmac.Equal([]byte(sig), []byte(mac(k, purpose, r.Method, r.URL.RequestURI(), ts, c.Team, c.Mint))) {
 			return c, nil
 		}
 	}

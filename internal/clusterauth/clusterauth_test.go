@@ -64,3 +64,25 @@ func TestCall(t *testing.T) {
 		t.Fatalf("a call signed with another key: %d %v", status, err)
 	}
 }
+
+// A peer's signature and a gateway's never check as each other: a
+// gateway's signature on a client's call does not open a host's images.
+func TestPeerPurpose(t *testing.T) {
+	key, now := []byte("internal key"), time.Now()
+	r := httptest.NewRequest("GET", "/internal/images/chunks/ab/ab12", nil)
+	SignPeer(r, key, "acme", now)
+	if c, err := VerifyPeer(r, [][]byte{key}, now); err != nil || c.Team != "acme" {
+		t.Fatalf("VerifyPeer = %+v, %v", c, err)
+	}
+	if _, err := Verify(r, [][]byte{key}, now); !errors.Is(err, ErrBadSig) {
+		t.Errorf("a peer's signature checked as a gateway's: %v", err)
+	}
+	g := httptest.NewRequest("GET", "/internal/images/chunks/ab/ab12", nil)
+	Sign(g, key, "acme", "", now)
+	if _, err := VerifyPeer(g, [][]byte{key}, now); !errors.Is(err, ErrBadSig) {
+		t.Errorf("a gateway's signature checked as a peer's: %v", err)
+	}
+	if _, err := VerifyPeer(httptest.NewRequest("GET", "/internal/images/manifests/x", nil), [][]byte{key}, now); !errors.Is(err, ErrUnsigned) {
+		t.Errorf("unsigned: %v", err)
+	}
+}
