@@ -173,9 +173,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	req := sandbox.CreateRequest{ID: mintOf(r.Context()), TemplateID: b.TemplateID, Metadata: stringMap(b.Metadata), Envs: stringMap(b.EnvVars),
 		Limits: limits, OnTimeout: onTimeout(&b), AutoResume: b.AutoResume != nil && apitypes.Value(b.AutoResume.Enabled),
 		AutoPauseFiles: b.AutoPauseMemory != nil && !*b.AutoPauseMemory}
-	if _, ok := sandbox.TeamOf(r.Context()); ok {
+	ctx := r.Context()
+	if _, ok := sandbox.TeamOf(ctx); ok {
 		// A gateway's fork child on another host than its parent's.
 		req.ParentID = r.Header.Get(HeaderForkOf)
+		ctx = withImagePeer(ctx, r, b.TemplateID)
 	}
 	if b.Network != nil || b.AllowInternetAccess != nil {
 		n, err := networkPolicy(b.Network, b.AllowInternetAccess)
@@ -192,7 +194,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		}
 		req.Timeout = time.Duration(*b.Timeout) * time.Second
 	}
-	sb, err := s.m.Create(r.Context(), req)
+	sb, err := s.m.Create(ctx, req)
 	if err != nil {
 		s.fail(w, r, err)
 		return

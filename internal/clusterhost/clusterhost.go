@@ -233,6 +233,15 @@ func (i memberIDs) Own(id string) bool {
 	return err == nil && s.Region == i.m.st.Region && s.Slot == i.m.st.Slot
 }
 
+// InternalKey returns the cluster's internal key: a host signs its calls
+// to another host's image endpoints with it (clusterauth.SignPeer), and
+// checks theirs.
+func (m *Member) InternalKey() []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.st.Internal
+}
+
 // Auth takes calls only from the cluster's gateways.
 func (m *Member) Auth() api.Authenticator { return gatewayAuth{m} }
 

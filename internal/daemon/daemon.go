@@ -296,7 +296,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 		fmt.Fprintln(out, "cellfork: tracing on (OTLP over HTTP; OTEL_EXPORTER_OTLP_ENDPOINT says where)")
 	}
 	apiCfg.Metrics, apiCfg.Host, apiCfg.Tracing = mh, src, tracing
-	return serve(ctx, cfg.Addr, api.New(apiCfg, m, log), log, out)
+	var h http.Handler = api.New(apiCfg, m, log)
+	if ci, ok := images.(chunkImages); ok && member != nil {
+		// The cluster's hosts fetch images from each other (peer.go).
+		ci.peers.set(member.InternalKey)
+		h = (&peerServer{s: ci.s, snaps: m, key: member.InternalKey, log: log}).handler(h)
+	}
+	return serve(ctx, cfg.Addr, h, log, out)
 }
 
 // clusterTemplate resolves a cluster host's built-in template: with a

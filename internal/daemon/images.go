@@ -12,6 +12,7 @@ import (
 	"github.com/cellfork/cellfork/internal/chunkstore"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/manager"
+	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
 // StoreConfig is where snapshot images go besides the data directory.
@@ -76,13 +77,14 @@ func openImages(ctx context.Context, c StoreConfig, dataDir string, log *slog.Lo
 	if err != nil {
 		return nil, "", fmt.Errorf("opening the chunk store: %w", err)
 	}
-	return chunkImages{s: s, log: log}, s.String(), nil
+	return chunkImages{s: s, log: log, peers: newPeerClient()}, s.String(), nil
 }
 
 // chunkImages is the manager's ImageStore over a chunk store.
 type chunkImages struct {
-	s   *chunkstore.Store
-	log *slog.Logger
+	s     *chunkstore.Store
+	log   *slog.Logger
+	peers *peerClient // a cluster host's: imports from the host offering an image
 }
 
 func (c chunkImages) Export(ctx context.Context, dir string, meta map[string]string) (string, int64, error) {
@@ -99,11 +101,30 @@ func (c chunkImages) Import(ctx context.Context, root, dir string) (int64, error
 	if err != nil {
 		return 0, fmt.Errorf("manifest root %q: %v: %w", root, err, errdefs.ErrCorrupt)
 	}
+	if p, ok := sandbox.ImagePeerOf(ctx); ok && p.Root == root {
+		return c.importFromPeer(ctx, h, dir, p.Addr)
+	}
 	st, err := c.s.Import(ctx, h, dir)
 	if err != nil {
 		return st.TransferredBytes, err
 	}
 	c.log.Debug("image imported", "dir", dir, "stats", st.String())
+	return st.TransferredBytes, nil
+}
+
+// importFromPeer imports root from the host at addr that offers it, and
+// from the store what that host does not give.
+func (c chunkImages) importFromPeer(ctx context.Context, root chunkstore.Hash, dir, addr string) (int64, error) {
+	peer, err := c.peers.backend(addr)
+	if err != nil {
+		return 0, err
+	}
+	st, err := c.s.ImportFrom(ctx, root, dir, peer, 0)
+	if err != nil {
+		return st.TransferredBytes, err
+	}
+	c.log.Info("image imported from a peer", "root", root.String(), "peer", addr, "peer_objects", st.Peer, "peer_bytes", st.PeerBytes,
+		"store_objects", st.PeerMissed, "peer_error", st.PeerError, "ms", st.Duration.Milliseconds())
 	return st.TransferredBytes, nil
 }
 

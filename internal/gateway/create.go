@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -326,8 +327,10 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, h clusterdb.H
 	if err != nil {
 		return false, false
 	}
-	if p := r.Header.Get(api.HeaderForkOf); p != "" { // set by forkElsewhere only: Cellfork-* from outside is stripped
-		out.Header.Set(api.HeaderForkOf, p)
+	for _, k := range []string{api.HeaderForkOf, api.HeaderImagePeer, api.HeaderImageRoot} {
+		if v := r.Header.Get(k); v != "" { // set by forkElsewhere only: Cellfork-* from outside is stripped
+			out.Header.Set(k, v)
+		}
 	}
 	resp, err := g.hostCall(out)
 	if err != nil {
@@ -447,16 +450,21 @@ const maxForkElsewhere = 64
 
 // forkElsewhere makes k children of sandbox id on hosts other than its own,
 // h, which has no room for them: a snapshot of the parent, taken on h and
-// uploaded to the chunk store, and each child created from it on another
-// host of the region (which imports the image), as a create is placed.
-// The snapshot is deleted once they run (they keep what they mapped). Such
-// a child is a sandbox created from the parent's state, not a fork child:
-// merging it is not possible. It returns an entry per child, a sandbox or
-// an error, as a fork answers; and, when the parent's host refused the
-// snapshot with a 4xx, that answer.
+// offered by h to the other hosts (its image's manifest computed there,
+// Server-Timing "manifest"), and each child created from it on another
+// host of the region as a create is placed ("peer"): that host imports
+// the image from h, and from the chunk store what h does not give. The
+// snapshot's upload to the store goes on meanwhile, unwaited; a host that
+// cannot offer (an older cellfork) is waited for until the upload is done
+// ("export"), and the children import from the store. The snapshot is
+// deleted once they run (they keep what they mapped). The children are
+// fork children of the parent (their hosts are told, HeaderForkOf). It
+// returns an entry per child, a sandbox or an error, as a fork answers;
+// and, when the parent's host refused the snapshot with a 4xx, that
+// answer.
 func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterdb.Host, k int, mem int64, timeout any) ([]any, *hostAnswer) {
 	entries := func(code int, format string, args ...any) []any {
-		e := map[string]any{"error": map[string]any{"code": code, "message": fmt.Sprintf(format, args...)}}
+		e := forkError(code, format, args...)
 		out := make([]any, k)
 		for i := range out {
 			out[i] = e
@@ -482,6 +490,7 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 		ID string `json:"snapshotID"`
 	}
 	_ = json.Unmarshal(body, &sn)
+	timing.Since(r.Context(), "snapshot", t0)
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 30*time.Second)
 		defer cancel()
@@ -493,10 +502,17 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 	if db == nil {
 		return entries(http.StatusServiceUnavailable, "the cluster database is unavailable; retry later"), nil
 	}
+	t1 := time.Now()
+	root, err := g.offer(r.Context(), h, c.team.ID, sn.ID)
+	timing.Since(r.Context(), "manifest", t1)
+	if err != nil {
+		g.log.Warn("the parent's host did not offer its snapshot's image; its children wait for its upload", "snapshot.id", sn.ID, "slot", h.Slot, "err", err)
+	}
 	var row clusterdb.Snapshot
+	t2 := time.Now()
 	for deadline := time.Now().Add(time.Minute); ; {
 		row, err = db.FindSnapshot(r.Context(), c.team.ID, sn.ID)
-		if err == nil && row.StoreRoot != "" {
+		if err == nil && (root != "" || row.StoreRoot != "") {
 			break
 		}
 		if time.Now().After(deadline) || r.Context().Err() != nil {
@@ -504,8 +520,23 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	timing.Since(r.Context(), "export", t0)
-	create := map[string]any{"templateID": sn.ID}
+	if root == "" {
+		timing.Since(r.Context(), "export", t2)
+	}
+	t3 := time.Now()
+	out := g.children(r, c, id, h, k, row, mem, timeout, root)
+	if root != "" {
+		timing.Since(r.Context(), "peer", t3)
+	}
+	return out, nil
+}
+
+// children creates k children of sandbox id from its transfer snapshot
+// (row) on hosts other than its own, h, as creates are placed; root, if
+// not "", is the snapshot's image that h offers (the children's hosts
+// import it from h first). An entry per child, as a fork answers.
+func (g *Gateway) children(r *http.Request, c caller, id string, h clusterdb.Host, k int, row clusterdb.Snapshot, mem int64, timeout any, root string) []any {
+	create := map[string]any{"templateID": row.ID}
 	if timeout != nil {
 		create["timeout"] = timeout
 	}
@@ -516,6 +547,10 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 		cr := r.Clone(r.Context())
 		cr.Method, cr.URL.Path = http.MethodPost, "/v2/sandboxes"
 		cr.Header.Set(api.HeaderForkOf, id) // a fork child: a merge takes it back
+		if root != "" {
+			cr.Header.Set(api.HeaderImagePeer, h.Addr)
+			cr.Header.Set(api.HeaderImageRoot, root)
+		}
 		req := placement.Request{Region: row.Region, MemoryMB: mem, Versions: []string{"runsc=" + row.Runtime}, Exclude: map[int]bool{h.Slot: true}}
 		reasons, err := g.place(rec, cr, c, req, cb)
 		if err != nil && !errors.Is(err, errNoHost) {
@@ -523,7 +558,7 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 		}
 		switch {
 		case errors.Is(err, errNoHost):
-			out = append(out, entries(http.StatusServiceUnavailable, "no host has room for this child: %s", reasons)[0])
+			out = append(out, forkError(http.StatusServiceUnavailable, "no host has room for this child: %s", reasons))
 		case rec.Code == http.StatusCreated:
 			var sb map[string]any
 			_ = json.Unmarshal(rec.Body.Bytes(), &sb)
@@ -533,10 +568,45 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 				Message string `json:"message"`
 			}
 			_ = json.Unmarshal(rec.Body.Bytes(), &e)
-			out = append(out, entries(rec.Code, "%s", e.Message)[0])
+			out = append(out, forkError(rec.Code, "%s", e.Message))
 		}
 	}
-	return out, nil
+	return out
+}
+
+// forkError is a fork's entry for a child that failed.
+func forkError(code int, format string, args ...any) any {
+	return map[string]any{"error": map[string]any{"code": code, "message": fmt.Sprintf(format, args...)}}
+}
+
+// offer asks host h to offer the image of its snapshot id to the other
+// hosts (a call to its image endpoints, signed for them) and returns the
+// root of the image's manifest.
+func (g *Gateway) offer(ctx context.Context, h clusterdb.Host, team, id string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+h.Addr+"/internal/images/offers?snapshot="+url.QueryEscape(id), nil)
+	if err != nil {
+		return "", err
+	}
+	clusterauth.SignPeer(req, g.secrets.Load().Internal, team, time.Now())
+	timing.Inject(ctx, req.Header)
+	resp, err := g.toHosts.RoundTrip(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(body))
+	}
+	var o struct {
+		Root string `json:"root"`
+	}
+	if err := json.Unmarshal(body, &o); err != nil || o.Root == "" {
+		return "", fmt.Errorf("an offer with no root: %s", body)
+	}
+	return o.Root, nil
 }
 
 // hostAnswer is a host's answer, passed on as it is.

@@ -214,8 +214,7 @@ func (m *Manager) uploadOnce(ctx context.Context, id string) (done bool, err err
 		return true, nil
 	}
 	t0 := time.Now()
-	meta := map[string]string{"snapshot": sn.ID, "template": sn.TemplateID, "runsc": m.cfg.RuntimeBuild}
-	root, uploaded, err := m.images.Export(ctx, sn.Image, meta)
+	root, uploaded, err := m.images.Export(ctx, sn.Image, m.uploadMeta(sn))
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:

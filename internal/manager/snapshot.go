@@ -61,6 +61,11 @@ func (m *Manager) findSource(ctx context.Context, idOrName string) (*sandbox.Sna
 	if sn, err = m.cluster.FindSnapshot(ctx, team, idOrName); err != nil {
 		return nil, err
 	}
+	if p, ok := sandbox.ImagePeerOf(ctx); ok && p.Root != "" && (p.Snapshot == sn.ID || slices.Contains(sn.Names, p.Snapshot)) &&
+		(sn.Upload != sandbox.UploadDone || sn.StoreRoot == "") {
+		// Its host offers its image (peer.go): imported from there first.
+		sn.Upload, sn.StoreRoot = sandbox.UploadDone, p.Root
+	}
 	switch {
 	case sn.Upload != sandbox.UploadDone || sn.StoreRoot == "":
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q is on another host and not in the chunk store yet (upload: %s); retry once it is uploaded", sn.ID, cmp.Or(string(sn.Upload), "none"))
