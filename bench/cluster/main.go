@@ -12,7 +12,10 @@
 //     and creates per second through one gateway against three hosts;
 //
 //   - 10,000 idle keep-alive connections held by one gateway: its memory,
-//     and a hot run_code's latency meanwhile.
+//     and a hot run_code's latency meanwhile;
+//
+//   - a fork beyond the parent's host (forks.go): its own cluster, with an
+//     S3 store, this build's gateway against -gateway-b's.
 //
 //     scripts/bench.sh --suite cluster   (go run ./bench/cluster)
 package main
@@ -51,10 +54,10 @@ var (
 	n        = flag.Int("n", 300, "samples of the hot paths")
 	conns    = flag.Int("conns", 10000, "idle connections to hold")
 	quick    = flag.Bool("quick", false, "fewer samples")
-	only     = flag.String("only", "", "run only these parts, comma-separated: placement, overhead, creates, connections")
+	only     = flag.String("only", "", "run only these parts, comma-separated: placement, overhead, creates, connections, forks")
 	gwBQuiet = flag.Bool("gateway-b-quiet", false, "run -gateway-b's gateway without -v (requests not logged)")
 	gwBEnv   = flag.String("gateway-b-env", "", "environment for -gateway-b's gateway, comma-separated (GOMAXPROCS=1)")
-	gwB      = flag.String("gateway-b", "", "a second build's cellfork binary: its gateway (region eu, beside the first) is measured in the same run as the gateway's overhead, requests interleaved")
+	gwB      = flag.String("gateway-b", "", "a second build's cellfork binary: its gateway (region eu, beside the first) is measured in the same run as the gateway's overhead and the forks, requests interleaved")
 )
 
 // part reports whether a part of the benchmark is to run.
@@ -83,6 +86,11 @@ func main() {
 	fmt.Printf("load average before: %s\n\n", loadavg())
 	if part("placement") {
 		if err := benchPlacement(ctx, dir); err != nil {
+			fail(err)
+		}
+	}
+	if part("forks") {
+		if err := benchForks(ctx, dir); err != nil {
 			fail(err)
 		}
 	}

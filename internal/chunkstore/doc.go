@@ -113,6 +113,14 @@
 // still unchanged where it was last seen, instead of assembling it from
 // chunks (it trusts it as it trusts what Export read).
 //
+// # From a peer
+//
+// Offer cuts an image and encodes its manifest as Export will write it
+// (same root) without uploading it, and PeerHandler serves that manifest
+// and the image's chunks, read from its files, to other hosts; ImportFrom
+// imports from such a peer first (verifying everything as from the store)
+// and from the store what the peer does not give (peer.go).
+//
 // # Writes are ordered
 //
 // Export uploads only the chunks the store lacks (one batched existence
