@@ -343,7 +343,29 @@ func testForkOverflows(t *testing.T) {
 	if elsewhere == 0 {
 		t.Fatalf("no child on another host (the parent's host %d has room for 3 children of 8 GiB?)", a.N)
 	}
-	t.Logf("%d of 3 children on another host; Server-Timing %s", elsewhere, r.header.Get("Server-Timing"))
+	// Those children's image came from the parent's host, not the store:
+	// offered there (manifest), fetched by their host (peer), the upload
+	// not waited for (no export), every object from the peer.
+	st := r.header.Get("Server-Timing")
+	t.Logf("%d of 3 children on another host; Server-Timing %s", elsewhere, st)
+	if !strings.Contains(st, "manifest;dur=") || !strings.Contains(st, "peer;dur=") || strings.Contains(st, "export;dur=") {
+		t.Errorf("the fork's Server-Timing has no manifest and peer phases, or waited for the upload: %s", st)
+	}
+	rh := hostOf(t, remote)
+	var fetched []string
+	for _, line := range strings.Split(rh.Logs(), "\n") {
+		if strings.Contains(line, `msg="image imported from a peer"`) && strings.Contains(line, "peer="+a.Addr+" ") {
+			fetched = append(fetched, line)
+		}
+	}
+	if len(fetched) == 0 {
+		t.Errorf("host %d did not log an import from the parent's host %s", rh.N, a.Addr)
+	}
+	for _, line := range fetched {
+		if !strings.Contains(line, " store_objects=0 ") {
+			t.Errorf("host %d imported from the parent's host with help from the store: %s", rh.N, line)
+		}
+	}
 	eventually(t, 10*time.Second, "the transfer snapshot to be deleted", func() bool {
 		var page []map[string]any
 		return jsonOf(do(t, "eu", "GET", "/snapshots?sandboxID="+parent.ID, nil, nil), &page) == nil && len(page) == 0
