@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,10 +20,15 @@ import (
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
-// oneSnapshot is a manager with one snapshot of team "acme".
-type oneSnapshot struct{ dir string }
+// oneSnapshot is a manager with one snapshot of team "acme"; it counts
+// the lookups.
+type oneSnapshot struct {
+	dir   string
+	asked *atomic.Int64
+}
 
 func (o oneSnapshot) SnapshotImage(ctx context.Context, id string) (string, map[string]string, error) {
+	o.asked.Add(1)
 	if team, _ := sandbox.TeamOf(ctx); id != "s1" || team != "acme" {
 		return "", nil, errdefs.New(errdefs.ErrNotFound, "snapshot %q not found", id)
 	}
@@ -49,8 +55,8 @@ func TestPeerEndpoints(t *testing.T) {
 	img := filepath.Join(dir, "snap")
 	chunkstoretest.Image{Seed: 1, Pool: 2, Pages: 300}.Write(t, img)
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
-	read := false
-	srv := httptest.NewServer((&peerServer{s: a, snaps: oneSnapshot{img}, key: func() []byte { read = true; return key }, log: log}).handler(api))
+	var asked atomic.Int64
+	srv := httptest.NewServer((&peerServer{s: a, snaps: oneSnapshot{img, &asked}, key: func() []byte { return key }, log: log}).handler(api))
 	defer srv.Close()
 	call := func(method, path string, sign func(*http.Request)) (int, []byte) {
 		t.Helper()
@@ -79,7 +85,10 @@ func TestPeerEndpoints(t *testing.T) {
 			}
 		}
 	}
-	if code, _ := call("GET", "/sandboxes", nil); code != http.StatusTeapot || !read {
+	if n := asked.Load(); n != 0 {
+		t.Fatalf("refused calls looked %d snapshots up", n)
+	}
+	if code, _ := call("GET", "/sandboxes", nil); code != http.StatusTeapot {
 		t.Fatalf("the API behind: %d", code)
 	}
 	if code, _ := call("GET", "/internal/images/x", func(r *http.Request) { r.Host = "49983-isb1.example.com" }); code != http.StatusTeapot {
