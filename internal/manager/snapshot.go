@@ -63,7 +63,7 @@ func (m *Manager) findSource(ctx context.Context, idOrName string) (*sandbox.Sna
 	}
 	if p, ok := sandbox.ImagePeerOf(ctx); ok && p.Root != "" && (p.Snapshot == sn.ID || slices.Contains(sn.Names, p.Snapshot)) &&
 		(sn.Upload != sandbox.UploadDone || sn.StoreRoot == "") {
-		// Its host offers its image (peer.go): imported from there first.
+		// Its host offers its image (sandbox.ImagePeer): imported from there first.
 		sn.Upload, sn.StoreRoot = sandbox.UploadDone, p.Root
 	}
 	switch {
