@@ -182,8 +182,11 @@ type plan struct {
 	locs  map[Hash]where // where each distinct stored chunk is first
 	bm    *Manifest      // the base's, resolved; nil for none
 	base  Hash
-	body  []byte
-	root  Hash
+	// baseBody is the base's manifest when an offer planned it (the store
+	// lacks it); nil when it was read from the store.
+	baseBody []byte
+	body     []byte
+	root     Hash
 }
 
 // encode encodes the manifest over the base, if any, with its packs (with
@@ -201,10 +204,12 @@ func (p *plan) encode() ([]byte, Hash, error) {
 
 // plan cuts the image dir and encodes its manifest over base (zero: the
 // noted base it holds a file of, if any, exported first if the store
-// lacks it), recording export.chunk. With keepAll (and
-// Options.Immutable), every file cut is remembered, not only those with
-// other names: an Offer's image is exported later, and is not cut again.
-func (s *Store) plan(ctx context.Context, dir string, meta map[string]string, base Hash, st *Stats, phase func(string, time.Time), keepAll bool) (*plan, error) {
+// lacks it), recording export.chunk. For an offer, every file cut is
+// remembered (with Options.Immutable), not only those with other names:
+// the image is exported later and is not cut again; and a noted base the
+// store lacks is planned, not exported: its manifest is the one the
+// export will store first (plan.baseBody).
+func (s *Store) plan(ctx context.Context, dir string, meta map[string]string, base Hash, st *Stats, phase func(string, time.Time), offer bool) (*plan, error) {
 	names, err := imageFiles(dir)
 	if err != nil {
 		return nil, err
@@ -233,13 +238,14 @@ func (s *Store) plan(ctx context.Context, dir string, meta map[string]string, ba
 		if err != nil {
 			return nil, err
 		}
-		s.keep(path, before, f, !keepAll)
+		s.keep(path, before, f, !offer)
 		m.Files = append(m.Files, f)
 	}
 	phase("export.chunk", tc)
+	var localBase *plan
 	if base == (Hash{}) {
 		// A noted base this image holds a file of: exported first if it
-		// never was, or was collected.
+		// never was, or was collected (an offer plans it instead).
 		if b, ok := s.baseFor(dir, names); ok {
 			found := b.root != (Hash{})
 			if found {
@@ -247,7 +253,17 @@ func (s *Store) plan(ctx context.Context, dir string, meta map[string]string, ba
 					return nil, fmt.Errorf("checking base %s: %w", b.root, err)
 				}
 			}
-			if !found {
+			if !found && offer {
+				// What an export would store first, planned here and not
+				// uploaded (the offer serves its manifest).
+				var bst Stats
+				if bp, err := s.plan(ctx, b.dir, b.meta, Hash{}, &bst, func(string, time.Time) {}, false); err == nil {
+					localBase = bp
+					b.root = bp.root
+				} else {
+					b.root = Hash{} // the base image is gone or changed: flat
+				}
+			} else if !found {
 				bst, err := s.exportBase(ctx, b)
 				switch {
 				case err == nil:
@@ -262,7 +278,9 @@ func (s *Store) plan(ctx context.Context, dir string, meta map[string]string, ba
 		}
 	}
 	p := &plan{s: s, names: names, m: m, locs: locs, base: base}
-	if base != (Hash{}) {
+	if localBase != nil {
+		p.bm, p.baseBody = localBase.m, localBase.body
+	} else if base != (Hash{}) {
 		p.bm, err = s.Manifest(ctx, base)
 		switch {
 		case isNotFound(err):

@@ -54,8 +54,9 @@ type offer struct {
 // Offer cuts the image directory dir and encodes its manifest as Export
 // would (the same meta and base give the same root: an Export of dir
 // after it writes the manifest the offer serves), and serves it to peers
-// (PeerHandler) for OfferTTL. It uploads nothing of the image (a noted
-// base the store lacks is exported first, as Export would). With
+// (PeerHandler) for OfferTTL. It uploads nothing: a noted base the store
+// lacks, which Export would store first, is planned here and its manifest
+// served with the image's. With
 // Options.Immutable, the files it cut are remembered, so the image's
 // Export does not cut them again. Phases: export.chunk, as Export.
 func (s *Store) Offer(ctx context.Context, dir string, meta map[string]string) (st Stats, err error) {
@@ -76,8 +77,12 @@ func (s *Store) Offer(ctx context.Context, dir string, meta map[string]string) (
 		return st, err
 	}
 	o := &offer{dir: dir, names: p.names, locs: p.locs, manifests: map[Hash][]byte{p.root: p.body}, expires: time.Now().Add(OfferTTL)}
-	// Its bases, as the store holds them (plan read and verified them).
-	if p.bm != nil {
+	// Its bases: planned here (the store lacks it), or as the store holds
+	// them (plan read and verified them).
+	if p.baseBody != nil {
+		o.manifests[p.base] = p.baseBody
+		st.Base = p.base
+	} else if p.bm != nil {
 		for root := p.base; root != (Hash{}) && len(o.manifests) <= maxBaseDepth; {
 			body, err := s.rawManifest(ctx, root)
 			if err != nil {

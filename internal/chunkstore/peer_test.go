@@ -100,8 +100,10 @@ func (p *peerSetup) peer() *chunkstore.PeerBackend { return chunkstore.OpenPeer(
 func TestPeerImport(t *testing.T) {
 	ctx := context.Background()
 	p := newPeerSetup(t)
-	if ok, err := p.a.HasManifest(ctx, p.offer.Root); err != nil || ok {
-		t.Fatalf("the offer uploaded its manifest: %v %v", ok, err)
+	for _, root := range []chunkstore.Hash{p.offer.Root, p.offer.Base} {
+		if ok, err := p.a.HasManifest(ctx, root); err != nil || ok {
+			t.Fatalf("the offer uploaded manifest %s: %v %v", root, ok, err)
+		}
 	}
 	out := filepath.Join(p.dir, "out")
 	st, err := p.importer(t, "b").ImportFrom(ctx, p.offer.Root, out, p.peer(), time.Second)
@@ -116,9 +118,20 @@ func TestPeerImport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ex.Root != p.offer.Root || ex.Reused != ex.Files {
-		t.Fatalf("export after the offer: root %s (offered %s), %d of %d files remembered", ex.Root, p.offer.Root, ex.Reused, ex.Files)
+	if ex.Root != p.offer.Root || ex.Base != p.offer.Base || ex.Reused != ex.Files {
+		t.Fatalf("export after the offer: root %s over %s (offered %s over %s), %d of %d files remembered", ex.Root, ex.Base, p.offer.Root, p.offer.Base, ex.Reused, ex.Files)
 	}
+	// Offered again, its base now read from the store: the same root, and
+	// still imported whole from the peer.
+	again, err := p.a.Offer(ctx, p.img, p.meta)
+	if err != nil || again.Root != p.offer.Root || again.Base != p.offer.Base {
+		t.Fatalf("offered again: %v %s", err, &again)
+	}
+	st, err = p.importer(t, "c").ImportFrom(ctx, again.Root, filepath.Join(p.dir, "again"), p.peer(), time.Second)
+	if err != nil || st.PeerMissed != 0 {
+		t.Fatalf("import of the offer over a stored base: %v %s", err, &st)
+	}
+	chunkstoretest.Equal(t, p.img, filepath.Join(p.dir, "again"))
 }
 
 // A peer that sends a wrong chunk is caught, left, and the store read
@@ -199,12 +212,13 @@ func TestPeerHandlerServesOffersOnly(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, b
 	}
-	m, err := p.a.Manifest(ctx, p.offer.Base) // the warm image, in the store
+	code, body := get("GET", "/"+chunkstore.ManifestKey(p.offer.Base)) // the warm image's, planned
+	if code != 200 {
+		t.Fatalf("the offer's base manifest: %d", code)
+	}
+	m, err := chunkstore.Decode(body, p.offer.Base)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if code, _ := get("GET", "/"+chunkstore.ManifestKey(p.offer.Base)); code != 200 {
-		t.Errorf("the offer's base manifest: %d", code)
 	}
 	// An image exported to the store but not offered.
 	stored := filepath.Join(p.dir, "stored")
@@ -245,7 +259,7 @@ func TestPeerHandlerServesOffersOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, body := get("GET", "/"+chunkstore.ManifestKey(fo.Root))
+	code, body = get("GET", "/"+chunkstore.ManifestKey(fo.Root))
 	if code != 200 {
 		t.Fatalf("the offered manifest: %d", code)
 	}
