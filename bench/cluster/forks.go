@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -12,19 +14,22 @@ import (
 	"github.com/cellfork/cellfork/test/cluster/harness"
 )
 
-// benchForks: fork(3) of a sandbox of 8 GiB whose host has room for one
-// child, so two are made on the other host of eu, through this build's
-// gateway (children import the image from the parent's host) and, with
-// -gateway-b, an older build's (children wait for the upload and import
-// from the store), interleaved, against one cluster of this build's hosts
-// with an S3 store (versitygw).
+// benchForks: forks whose children do not all fit on the parent's host,
+// through this build's gateway (children import the image from the
+// parent's host) and, with -gateway-b, an older build's (children wait for
+// the upload and import from the store), interleaved, against one cluster
+// of this build's hosts with an S3 store (versitygw).
 func benchForks(ctx context.Context, dir string) error {
 	samples := 8
 	if *quick {
 		samples = 3
 	}
 	absBin, _ := filepath.Abs(*bin)
-	c, err := harness.Start(ctx, harness.Options{Dir: filepath.Join(dir, "forks"), Bin: absBin, TemplateDir: *tpl, S3: true})
+	var logs io.Writer
+	if os.Getenv("CELLFORK_CLUSTER_LOGS") != "" {
+		logs = os.Stderr
+	}
+	c, err := harness.Start(ctx, harness.Options{Dir: filepath.Join(dir, "forks"), Bin: absBin, TemplateDir: *tpl, S3: true, Log: logs})
 	if err != nil {
 		return err
 	}
@@ -39,8 +44,22 @@ func benchForks(ctx context.Context, dir string) error {
 		}
 		gateways = append(gateways, struct{ name, url string }{"-gateway-b", "http://" + g.Addr})
 	}
-	key := map[string]string{"X-API-KEY": c.Key}
-	st, body, _ := b.viaGateway("POST", "/v2/sandboxes", []byte(`{"templateID":"base","timeout":1200,"memoryMB":8192}`), key)
+	// fork(1) of a parent of 12,000 MB: its host has no room for a child,
+	// the one child is made on the other host (the transfer alone); fork(3)
+	// of one of 8 GiB: one child on its host, two on the other.
+	for _, cfg := range []struct{ memMB, count int }{{12000, 1}, {8192, 3}} {
+		if err := b.forks(gateways, cfg.memMB, cfg.count, samples); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// forks measures fork(count) of a parent of memMB through each gateway,
+// interleaved.
+func (b *bench) forks(gateways []struct{ name, url string }, memMB, count, samples int) error {
+	key := map[string]string{"X-API-KEY": b.c.Key}
+	st, body, _ := b.viaGateway("POST", "/v2/sandboxes", []byte(fmt.Sprintf(`{"templateID":"base","timeout":1200,"memoryMB":%d}`, memMB)), key)
 	if st != 201 {
 		return fmt.Errorf("creating the parent: %d %s", st, body)
 	}
@@ -56,10 +75,10 @@ func benchForks(ctx context.Context, dir string) error {
 		for gi, g := range gateways {
 			time.Sleep(3 * time.Second) // the hosts' memory, as the gateways see it, after the last kills
 			t0 := time.Now()
-			st, body, h := b.send(g.url+"/sandboxes/"+parent.ID+"/fork", "POST", []byte(`{"count":3,"timeout":120}`), key, nil)
+			st, body, h := b.send(g.url+"/sandboxes/"+parent.ID+"/fork", "POST", []byte(fmt.Sprintf(`{"count":%d,"timeout":120}`, count)), key, nil)
 			wall := ms(time.Since(t0))
 			if st != 201 {
-				return fmt.Errorf("fork(3) through %s: %d %s", g.name, st, body)
+				return fmt.Errorf("fork(%d) through %s: %d %s", count, g.name, st, body)
 			}
 			var res []struct {
 				Sandbox *sbx `json:"sandbox"`
@@ -68,7 +87,7 @@ func benchForks(ctx context.Context, dir string) error {
 			_ = json.Unmarshal(body, &res)
 			for _, r := range res {
 				if r.Sandbox == nil {
-					return fmt.Errorf("fork(3) through %s: a child failed: %s", g.name, body)
+					return fmt.Errorf("fork(%d) through %s: a child failed: %s", count, g.name, body)
 				}
 				if slotOf(r.Sandbox.ID) != pslot {
 					elsewhere[gi]++
@@ -81,9 +100,8 @@ func benchForks(ctx context.Context, dir string) error {
 			}
 		}
 	}
-	fmt.Println("### Fork beyond the parent's host: fork(3), two children on the other host (S3 store)")
-	fmt.Println()
-	fmt.Println("| gateway | n | children elsewhere | client wall p50 (ms) | server total p50 | snapshot p50 | manifest p50 | export (upload waited) p50 | peer (children made) p50 |")
+	fmt.Printf("### Fork beyond the parent's host: fork(%d) of a parent of %d MB (S3 store; load average now %s)\n\n", count, memMB, loadavg())
+	fmt.Println("| gateway | n | children elsewhere | client wall p50 (ms) | server total p50 | snapshot p50 | manifest p50 | export (snapshot + upload waited) p50 | peer (children made) p50 |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for gi, g := range gateways {
 		col := func(f func(sample) float64) string {
@@ -98,13 +116,19 @@ func benchForks(ctx context.Context, dir string) error {
 			}
 			return fmt.Sprintf("%.1f", pct(xs, .5))
 		}
-		fmt.Printf("| %s | %d | %d of %d | %s | %s | %s | %s | %s | %s |\n", g.name, len(got[gi]), elsewhere[gi], 3*len(got[gi]),
+		fmt.Printf("| %s | %d | %d of %d | %s | %s | %s | %s | %s | %s |\n", g.name, len(got[gi]), elsewhere[gi], count*len(got[gi]),
 			col(func(s sample) float64 { return s.wall }), col(func(s sample) float64 { return s.total }),
 			col(func(s sample) float64 { return s.snapshot }), col(func(s sample) float64 { return s.manifest }),
 			col(func(s sample) float64 { return s.export }), col(func(s sample) float64 { return s.peer }))
 	}
 	fmt.Println()
-	fmt.Println("Samples (wall ms) in order:", strings.TrimSpace(fmt.Sprint(got)))
+	for gi, g := range gateways {
+		var walls []string
+		for _, s := range got[gi] {
+			walls = append(walls, fmt.Sprintf("%.0f", s.total))
+		}
+		fmt.Printf("Server totals in order, %s: %s\n", g.name, strings.Join(walls, " "))
+	}
 	fmt.Println()
 	return nil
 }
