@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -20,7 +21,7 @@ import (
 // the upload and import from the store), interleaved, against one cluster
 // of this build's hosts with an S3 store (versitygw).
 func benchForks(ctx context.Context, dir string) error {
-	samples := 8
+	samples := *forkSamples
 	if *quick {
 		samples = 3
 	}
@@ -44,29 +45,56 @@ func benchForks(ctx context.Context, dir string) error {
 		}
 		gateways = append(gateways, struct{ name, url string }{"-gateway-b", "http://" + g.Addr})
 	}
-	// fork(1) of a parent of 12,000 MB: its host has no room for a child,
-	// the one child is made on the other host (the transfer alone); fork(3)
-	// of one of 8 GiB: one child on its host, two on the other.
-	for _, cfg := range []struct{ memMB, count int }{{12000, 1}, {8192, 3}} {
-		if err := b.forks(gateways, cfg.memMB, cfg.count, samples); err != nil {
+	// fork(1) of a parent of 8 GiB beside another of 8 GiB: its host has
+	// no room for a child, the child is made on the other host (the
+	// transfer alone); fork(3) of one alone: one child on its host, two on
+	// the other.
+	for _, cfg := range []struct{ count int }{{1}, {3}} {
+		if err := b.forks(gateways, cfg.count, samples); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// forks measures fork(count) of a parent of memMB through each gateway,
-// interleaved.
-func (b *bench) forks(gateways []struct{ name, url string }, memMB, count, samples int) error {
+// forks measures fork(count) of a parent of 8 GiB through each gateway,
+// interleaved; for fork(1), with a sandbox of 8 GiB beside the parent.
+func (b *bench) forks(gateways []struct{ name, url string }, count, samples int) error {
 	key := map[string]string{"X-API-KEY": b.c.Key}
-	st, body, _ := b.viaGateway("POST", "/v2/sandboxes", []byte(fmt.Sprintf(`{"templateID":"base","timeout":1200,"memoryMB":%d}`, memMB)), key)
-	if st != 201 {
-		return fmt.Errorf("creating the parent: %d %s", st, body)
+	create := func() (sbx, error) {
+		st, body, _ := b.viaGateway("POST", "/v2/sandboxes", []byte(`{"templateID":"base","timeout":1200,"memoryMB":8192}`), key)
+		var s sbx
+		if st != 201 {
+			return s, fmt.Errorf("creating a sandbox of 8 GiB: %d %s", st, body)
+		}
+		return s, json.Unmarshal(body, &s)
 	}
-	var parent sbx
-	_ = json.Unmarshal(body, &parent)
+	parent, err := create()
+	if err != nil {
+		return err
+	}
 	defer b.kill(parent)
 	pslot := slotOf(parent.ID)
+	if count == 1 {
+		var others []sbx
+		for tries := 0; ; tries++ {
+			s, err := create()
+			if err != nil {
+				return err
+			}
+			if slotOf(s.ID) == pslot {
+				defer b.kill(s)
+				break
+			}
+			others = append(others, s)
+			if tries == 3 {
+				return fmt.Errorf("no sandbox placed beside the parent in 4 creates")
+			}
+		}
+		for _, s := range others {
+			b.kill(s)
+		}
+	}
 
 	type sample struct{ wall, total, snapshot, manifest, export, peer float64 }
 	got := make([][]sample, len(gateways))
@@ -100,7 +128,7 @@ func (b *bench) forks(gateways []struct{ name, url string }, memMB, count, sampl
 			}
 		}
 	}
-	fmt.Printf("### Fork beyond the parent's host: fork(%d) of a parent of %d MB (S3 store; load average now %s)\n\n", count, memMB, loadavg())
+	fmt.Printf("### Fork beyond the parent's host: fork(%d) of a parent of 8 GiB (S3 store; load average now %s)\n\n", count, loadavg())
 	fmt.Println("| gateway | n | children elsewhere | client wall p50 (ms) | server total p50 | snapshot p50 | manifest p50 | export (snapshot + upload waited) p50 | peer (children made) p50 |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for gi, g := range gateways {
@@ -132,6 +160,8 @@ func (b *bench) forks(gateways []struct{ name, url string }, memMB, count, sampl
 	fmt.Println()
 	return nil
 }
+
+var forkSamples = flag.Int("fork-samples", 8, "forks per configuration and gateway")
 
 func slotOf(id string) int {
 	s, _ := ids.ParseSandbox(id)
