@@ -508,20 +508,9 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 	if err != nil {
 		g.log.Warn("the parent's host did not offer its snapshot's image; its children wait for its upload", "snapshot.id", sn.ID, "slot", h.Slot, "err", err)
 	}
-	var row clusterdb.Snapshot
-	t2 := time.Now()
-	for deadline := time.Now().Add(time.Minute); ; {
-		row, err = db.FindSnapshot(r.Context(), c.team.ID, sn.ID)
-		if err == nil && (root != "" || row.StoreRoot != "") {
-			break
-		}
-		if time.Now().After(deadline) || r.Context().Err() != nil {
-			return entries(http.StatusServiceUnavailable, "the parent's state did not reach the chunk store in time (%v); retry later", err), nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if root == "" {
-		timing.Since(r.Context(), "export", t2)
+	row, err := g.awaitSnapshot(r.Context(), db, c.team.ID, sn.ID, root == "")
+	if err != nil {
+		return entries(http.StatusServiceUnavailable, "%s", err), nil
 	}
 	t3 := time.Now()
 	out := g.children(r, c, id, h, k, row, mem, timeout, root)
@@ -531,10 +520,34 @@ func (g *Gateway) forkElsewhere(r *http.Request, c caller, id string, h clusterd
 	return out, nil
 }
 
+// awaitSnapshot waits (up to a minute) for the row of team's snapshot id,
+// and with uploaded, for its upload to the chunk store (phase "export").
+func (g *Gateway) awaitSnapshot(ctx context.Context, db *clusterdb.DB, team, id string, uploaded bool) (clusterdb.Snapshot, error) {
+	t0 := time.Now()
+	if uploaded {
+		defer timing.Since(ctx, "export", t0)
+	}
+	for deadline := time.Now().Add(time.Minute); ; {
+		row, err := db.FindSnapshot(ctx, team, id)
+		if err == nil && (!uploaded || row.StoreRoot != "") {
+			return row, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return row, fmt.Errorf("the parent's state did not reach the chunk store in time (%v); retry later", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // children creates k children of sandbox id from its transfer snapshot
 // (row) on hosts other than its own, h, as creates are placed; root, if
 // not "", is the snapshot's image that h offers (the children's hosts
-// import it from h first). An entry per child, as a fork answers.
+// import it from h first). A child that fails that way (a host refusing
+// it, 409, or failing it, 5xx: one of an older cellfork that does not
+// know the offer, or an import that found neither the peer nor the store
+// holding the image) is made again once the upload is done, from the
+// store, as are the children after it. An entry per child, as a fork
+// answers.
 func (g *Gateway) children(r *http.Request, c caller, id string, h clusterdb.Host, k int, row clusterdb.Snapshot, mem int64, timeout any, root string) []any {
 	create := map[string]any{"templateID": row.ID}
 	if timeout != nil {
@@ -542,7 +555,7 @@ func (g *Gateway) children(r *http.Request, c caller, id string, h clusterdb.Hos
 	}
 	cb := mustJSON(create)
 	out := make([]any, 0, k)
-	for range k {
+	for len(out) < k {
 		rec := httptest.NewRecorder()
 		cr := r.Clone(r.Context())
 		cr.Method, cr.URL.Path = http.MethodPost, "/v2/sandboxes"
@@ -555,6 +568,22 @@ func (g *Gateway) children(r *http.Request, c caller, id string, h clusterdb.Hos
 		reasons, err := g.place(rec, cr, c, req, cb)
 		if err != nil && !errors.Is(err, errNoHost) {
 			api.Fail(g.log, rec, cr, err)
+		}
+		if root != "" && (rec.Code == http.StatusConflict || rec.Code >= 500 || reasons["failed the create"] > 0) {
+			g.log.Warn("a fork child from the parent's host failed; making it from the chunk store once the upload is done",
+				"snapshot.id", row.ID, "status", rec.Code, "body", strings.TrimSpace(rec.Body.String()), "reasons", reasons.String())
+			db := g.db.Load()
+			if db == nil {
+				out = append(out, forkError(http.StatusServiceUnavailable, "the cluster database is unavailable; retry later"))
+				continue
+			}
+			up, err := g.awaitSnapshot(r.Context(), db, c.team.ID, row.ID, true)
+			if err != nil {
+				out = append(out, forkError(http.StatusServiceUnavailable, "%s", err))
+				continue
+			}
+			row, root = up, ""
+			continue
 		}
 		switch {
 		case errors.Is(err, errNoHost):
