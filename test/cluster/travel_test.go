@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -404,6 +405,74 @@ func testForkOverflows(t *testing.T) {
 	})
 	if r := do(t, "eu", "POST", "/sandboxes/"+parent.ID+"/merge", map[string]any{"sandboxID": remote.ID}, nil); r.status != 404 {
 		t.Errorf("merging the gone child again: %d %s", r.status, r.body)
+	}
+}
+
+// testForkPeerUnreachable: a fork beyond the parent's host whose other
+// host cannot reach the parent's (a route that refuses it): the children
+// there import the image from the store instead, once the upload has put
+// it there, with the parent's exact state; the host says why.
+func testForkPeerUnreachable(t *testing.T) {
+	parent := create(t, "eu", map[string]any{"memoryMB": 8192})
+	a := hostOf(t, parent)
+	if out, status := runCode(t, "eu", parent, `z = "from the parent"; print(z)`); out != "from the parent\n" {
+		t.Fatalf("setting state up: %d %q", status, out)
+	}
+	var other *harness.Host
+	for _, h := range c.Hosts {
+		if h.Region == "eu" && h.N != a.N {
+			other = h
+		}
+	}
+	ip, _, _ := strings.Cut(a.Addr, ":")
+	route := []string{"-n", other.NS, "route", "add", "prohibit", ip + "/32"}
+	if out, err := exec.Command("ip", route...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %v: %v %s", route, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "-n", other.NS, "route", "del", "prohibit", ip+"/32").Run() })
+	before := strings.Count(other.Logs(), `msg="image imported from a peer"`)
+
+	r := do(t, "eu", "POST", "/sandboxes/"+parent.ID+"/fork", map[string]any{"count": 3, "timeout": 60}, nil)
+	if r.status != 201 {
+		t.Fatalf("fork: %d %s", r.status, r.body)
+	}
+	var results []struct {
+		Sandbox *sandbox `json:"sandbox"`
+		Error   any      `json:"error"`
+	}
+	r.json(t, &results)
+	elsewhere := 0
+	for i, res := range results {
+		if res.Sandbox == nil {
+			t.Fatalf("child %d: %v (%s)", i, res.Error, r.body)
+		}
+		child := *res.Sandbox
+		t.Cleanup(func() { do(t, "eu", "DELETE", "/sandboxes/"+child.ID, nil, nil) })
+		if hostOf(t, child).N == other.N {
+			elsewhere++
+		}
+		if out, status := runCode(t, "eu", child, "print(z)"); out != "from the parent\n" {
+			t.Errorf("child %d (%s): %d %q", i, child.ID, status, out)
+		}
+	}
+	t.Logf("%d of 3 children on host %d, which cannot reach host %d; Server-Timing %s", elsewhere, other.N, a.N, r.header.Get("Server-Timing"))
+	if elsewhere == 0 {
+		t.Fatalf("no child on host %d", other.N)
+	}
+	lines := strings.Split(other.Logs(), "\n")
+	var fetched []string
+	for _, line := range lines {
+		if strings.Contains(line, `msg="image imported from a peer"`) {
+			fetched = append(fetched, line)
+		}
+	}
+	if len(fetched) <= before {
+		t.Fatalf("host %d logged no import through the parent's host", other.N)
+	}
+	for _, line := range fetched[before:] {
+		if !strings.Contains(line, " peer_objects=0 ") || strings.Contains(line, " store_objects=0 ") || strings.Contains(line, `peer_error=""`) {
+			t.Errorf("host %d imported as if it reached the parent's host: %s", other.N, line)
+		}
 	}
 }
 
