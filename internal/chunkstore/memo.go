@@ -91,12 +91,6 @@ func addName(paths []string, path string, id fileID) []string {
 	return kept
 }
 
-// rememberFile keeps the chunks of path, cut as f, if it has other names
-// and its identity before the cut is still its identity (Immutable only).
-func (s *Store) rememberFile(path string, before fileID, f File) {
-	s.keep(path, before, f, true)
-}
-
 // keep remembers path, cut as f, if its identity before the cut is still
 // its identity (and, with linkedOnly, it has other names).
 func (s *Store) keep(path string, before fileID, f File, linkedOnly bool) {
