@@ -3,6 +3,7 @@ package chunkstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -32,7 +33,7 @@ type peerSetup struct {
 	served   atomic.Int64 // objects served
 }
 
-func newPeerSetup(t *testing.T) *peerSetup {
+func newPeerSetup(t *testing.T, pack int) *peerSetup {
 	t.Helper()
 	ctx := context.Background()
 	p := &peerSetup{dir: t.TempDir(), meta: map[string]string{"snapshot": "s1"}}
@@ -40,7 +41,7 @@ func newPeerSetup(t *testing.T) *peerSetup {
 	if p.shared, err = chunkstore.OpenFile(filepath.Join(p.dir, "store")); err != nil {
 		t.Fatal(err)
 	}
-	if p.a, err = chunkstore.New(p.shared, chunkstore.Options{Immutable: true}); err != nil {
+	if p.a, err = chunkstore.New(p.shared, chunkstore.Options{Immutable: true, PackBytes: pack}); err != nil {
 		t.Fatal(err)
 	}
 	warm := filepath.Join(p.dir, "warm")
@@ -98,8 +99,14 @@ func (p *peerSetup) peer() *chunkstore.PeerBackend { return chunkstore.OpenPeer(
 // object from the peer, byte-exact; its export then writes the same root,
 // without cutting its files again.
 func TestPeerImport(t *testing.T) {
+	for _, pack := range []int{0, 256 << 10} {
+		t.Run(fmt.Sprintf("pack=%d", pack), func(t *testing.T) { testPeerImport(t, pack) })
+	}
+}
+
+func testPeerImport(t *testing.T, pack int) {
 	ctx := context.Background()
-	p := newPeerSetup(t)
+	p := newPeerSetup(t, pack)
 	for _, root := range []chunkstore.Hash{p.offer.Root, p.offer.Base} {
 		if ok, err := p.a.HasManifest(ctx, root); err != nil || ok {
 			t.Fatalf("the offer uploaded manifest %s: %v %v", root, ok, err)
@@ -138,8 +145,14 @@ func TestPeerImport(t *testing.T) {
 // instead, waiting for the upload under way; one that is gone, the same;
 // with neither, the import fails cleanly.
 func TestPeerFallsBackToTheStore(t *testing.T) {
+	for _, pack := range []int{0, 256 << 10} {
+		t.Run(fmt.Sprintf("pack=%d", pack), func(t *testing.T) { testPeerFallsBackToTheStore(t, pack) })
+	}
+}
+
+func testPeerFallsBackToTheStore(t *testing.T, pack int) {
 	ctx := context.Background()
-	p := newPeerSetup(t)
+	p := newPeerSetup(t, pack)
 
 	// Wrong bytes, the upload 300 ms later.
 	p.lie.Store(true)
@@ -200,7 +213,7 @@ func TestPeerFallsBackToTheStore(t *testing.T) {
 // gone, and only reads.
 func TestPeerHandlerServesOffersOnly(t *testing.T) {
 	ctx := context.Background()
-	p := newPeerSetup(t)
+	p := newPeerSetup(t, 0)
 	get := func(method, path string) (int, []byte) {
 		t.Helper()
 		req, _ := http.NewRequest(method, p.srv.URL+path, nil)
