@@ -17,7 +17,12 @@ alternating A and B sample by sample so that both see the same machine:
 * checkpoint: `runsc checkpoint --leave-running` of a sandbox restored
   from the image and used once (a snapshot's, fork's or spill's work: what
   the daemon checkpoints is always restored), and the image's own size;
-* pss: PSS of a restored, idle sandbox (sentry + gofer), 2 s after restore.
+* pss: PSS of a restored, idle sandbox (sentry + gofer), 2 s after restore;
+* diff (not by default): a leave-running checkpoint of the restored child
+  (a diff image, referencing the side's image; untimed), restored into a
+  pre-created container, then its first run_code: what create from a
+  snapshot, fork, rollback and resume from disk restore, each the first
+  restore of its image.
 
 Every runsc call logs to a debug-log directory; the tables take their
 phases from the sentry's log lines (kernel-state decode, page loading,
@@ -235,27 +240,41 @@ def gomaxprocs(files):
 
 # --- operations -------------------------------------------------------------------
 
-def one_restore(side, flags=()):
-    """One timed restore of the side's image into a pre-created container."""
+def one_restore(side, flags=(), image=None):
+    """One timed restore of the side's image (or of image) into a pre-created container."""
     with thp(side.thp):
         cid = side.raw.setup(side.spec, prepared=True)
     try:
         t0 = time.time()
         b = side.raw.live[cid][1]
+        cpu0 = cpu_ms(cid)
         with open(os.path.join(b, "console.log"), "a") as out:
             t = side.raw.runsc(side.raw.root, "restore", "--detach", *side.flags, *flags,
-                               f"--image-path={side.image}", f"--bundle={b}", cid, out=out,
+                               f"--image-path={image or side.image}", f"--bundle={b}", cid, out=out,
                                log_to=os.path.join(b, "runsc.log"))
         side.raw.check(cid)
         fe = first_exec(side, cid)
+        cpu1 = cpu_ms(cid)
         time.sleep(0.5)  # background page loading finishes, the timer logs
         files = logs_of(side, cid)
         ph = phases_in(files, PHASES_RESTORE)
         ph["first run_code after the restore (ms)"] = fe
+        if cpu0 is not None and cpu1 is not None:
+            ph["sandbox CPU, restore + first run_code (ms)"] = cpu1 - cpu0
         return t, ph, files, cid
     except BaseException:
         side.raw.delete(cid)
         raise
+
+
+def cpu_ms(cid):
+    """CPU time (ms) the container's cgroup has used (sentry, gofer, stubs;
+    Raw.setup's cgroupsPath), or None. Less sensitive to the machine's load
+    than wall time."""
+    try:
+        return int(open(f"/sys/fs/cgroup/cpuacct/cellfork-bench/{cid}/cpuacct.usage").read()) / 1e6
+    except (OSError, ValueError):
+        return None
 
 
 def fork_n(side, n):
@@ -290,6 +309,21 @@ def checkpoint(side):
     return t, size, phases_in(logs_of(side, side.child), PHASES_SAVE, since=t0 - 0.5)
 
 
+def diff_restore(side):
+    """A diff image restored: a leave-running checkpoint of the side's
+    restored, used child (it references the side's image: what create from
+    a snapshot, fork, rollback and resume from disk restore, each for the
+    first time), restored into a pre-created container, then its first
+    run_code. The checkpoint is not timed."""
+    _, img = raw_checkpoint(side, side.child)
+    try:
+        t, ph, _, cid = one_restore(side, image=img)
+        side.raw.delete(cid)
+        return t, ph
+    finally:
+        rm(img)
+
+
 def pss(side):
     cid = side.raw.setup(side.spec, prepared=False)
     try:
@@ -311,7 +345,7 @@ def main():
     ap.add_argument("--thp", choices=["a", "b", "both", "none"], default="none", help="which side runs with host shmem huge pages")
     ap.add_argument("--n", type=int, default=10, help="samples per side and operation")
     ap.add_argument("--fork", type=int, default=5, help="parallel restores in the fork row")
-    ap.add_argument("--ops", default="restore,fork,checkpoint,pss")
+    ap.add_argument("--ops", default="restore,fork,checkpoint,pss", help="comma-separated subset of restore,fork,checkpoint,pss,diff")
     args = ap.parse_args()
     ops = args.ops.split(",")
     sides = [Side("A", args.a, args.a_flags, args.thp in ("a", "both")),
@@ -323,7 +357,7 @@ def main():
     if src is None:
         raise SystemExit("the daemon has no ready sandbox to take a bundle from")
     t_start, load0 = time.time(), os.getloadavg()[0]
-    res = {s.name: {"restore": [], "rphase": [], "fork": [], "ckpt": [], "size": [], "sphase": [], "pss": [], "uss": []} for s in sides}
+    res = {s.name: {"restore": [], "rphase": [], "diff": [], "dphase": [], "fork": [], "ckpt": [], "size": [], "sphase": [], "pss": [], "uss": []} for s in sides}
     timers, procs = {}, {}
     try:
         for s in sides:
@@ -332,7 +366,7 @@ def main():
             t, img = raw_checkpoint(s, s.parent)
             s.image = img
             log(f"{s.name}: image {dir_mb(img):.0f} MB")
-            if "checkpoint" in ops:
+            if "checkpoint" in ops or "diff" in ops:
                 # The sandbox the checkpoint samples save: restored, used.
                 with thp(s.thp):
                     s.child = s.raw.setup(s.spec, prepared=False)
@@ -350,6 +384,10 @@ def main():
                         timers[s.name] = restore_timer(files)
                         procs[s.name] = gomaxprocs(files)
                     s.raw.delete(cid)
+                if "diff" in ops:
+                    t, ph = diff_restore(s)
+                    r["diff"].append(t)
+                    r["dphase"].append(ph)
                 if "checkpoint" in ops:
                     t, size, ph = checkpoint(s)
                     r["ckpt"].append(t)
@@ -389,6 +427,8 @@ def main():
 
     pair("`runsc restore` into a pre-created container", "restore")
     phase_pair("rphase", PHASES_RESTORE)
+    pair("`runsc restore` of a diff image (a checkpoint of a restored sandbox) into a pre-created container", "diff")
+    phase_pair("dphase", PHASES_RESTORE)
     pair(f"{args.fork} parallel `runsc restore` into new containers (wall)", "fork")
     pair("`runsc checkpoint --leave-running` of a restored sandbox", "ckpt")
     phase_pair("sphase", PHASES_SAVE)

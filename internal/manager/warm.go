@@ -47,6 +47,7 @@ func (m *Manager) Warm(ctx context.Context, name string) error {
 		if err := m.buildWarm(ctx, name, rootfs, image); err != nil {
 			return fmt.Errorf("building warm image of %s: %w", name, err)
 		}
+		m.recordWorkingSet(ctx, name, rootfs, image) // before any refill restores it (warmup.go)
 		m.log.Info("warm image ready", "template", name, "ms", time.Since(t0).Milliseconds())
 		m.publishWarm(ctx, name, key, image, false)
 	}

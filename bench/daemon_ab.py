@@ -1,0 +1,122 @@
+"""Two daemons side by side (say, two runsc builds or two daemon builds),
+sample by sample alternating, on the restore paths that answer a request:
+a create from a fresh snapshot (no standby), fork(1) and fork(5), each new
+sandbox answering run_code. Per sample: the Server-Timing phases, the first
+run_code after the answer, and the new sandbox's CPU (its cgroup's
+cpuacct.usage from its shell's creation to its first run_code answered),
+which the machine's load moves far less than the wall times.
+
+    bench/daemon_ab.py [--n 12] A=URL,KEY,DATA_DIR B=URL,KEY,DATA_DIR
+
+Start both daemons first, each with its own data directory and port (and
+`--standby-snapshots 0`, so that no standby answers a create), e.g. with
+CELLFORK_RUNSC pointing at a build of scripts/build-runsc.sh. Before each
+sample both pools are full, so that no refill competes with it.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("CELLFORK_URL", "unset")
+os.environ.setdefault("CELLFORK_API_KEY", "unset")
+os.environ.setdefault("CELLFORK_DATA_DIR", "/nonexistent")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fork  # noqa: E402
+from fork import ms  # noqa: E402
+
+CPU = "child CPU, shell creation to first run_code (cgroup)"
+
+
+def use(side):
+    """Points fork.py's module state (the daemon's URL, key, data) at a side."""
+    fork.URL, fork.KEY, fork.DATA = side["url"], side["key"], side["data"]
+    fork.ROOT = os.path.join(side["data"], "runsc")
+
+
+def cpu_ms(sb):
+    rid = fork.rid_of(sb)
+    return int(open(f"/sys/fs/cgroup/cpuacct/cellfork/{rid}/cpuacct.usage").read()) / 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=12, help="rounds (fork(5) runs in every other one)")
+    ap.add_argument("sides", nargs=2, help="NAME=URL,KEY,DATA_DIR")
+    args = ap.parse_args()
+    sides = []
+    for a in args.sides:
+        name, rest = a.split("=", 1)
+        url, key, data = rest.split(",")
+        sides.append(dict(name=name, url=url, key=key, data=data, rows={"snap": [], "fork1": [], "fork5": []}))
+        use(sides[-1])
+        sides[-1]["api"] = fork.Api()
+
+    def quiet(side, **kw):
+        for o in sides:
+            if o is not side:
+                use(o)
+                fork.wait_pool()
+        use(side)
+        fork.wait_pool(**kw)
+
+    for s in sides:
+        quiet(s)
+        s["sb"] = s["api"].create()[0]
+        s["api"].run_code(s["sb"], "x = 41")
+    load0, t_start = os.getloadavg()[0], time.time()
+    for i in range(args.n):
+        for s in (sides if i % 2 == 0 else sides[::-1]):
+            api, sb = s["api"], s["sb"]
+            use(s)
+            fid = api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})[0]["snapshotID"]
+            quiet(s, ready=0, shells=2)
+            t0 = time.perf_counter()
+            c, st, _ = api.create(fid)
+            t1 = time.perf_counter()
+            api.run_code(c, "print(x + 1)", "42")
+            st["first run_code (client)"], st["until it answers (client)"] = ms(t1), ms(t0)
+            st[CPU] = cpu_ms(c)
+            s["rows"]["snap"].append(st)
+            api.kill(c)
+            api.call("DELETE", f"/snapshots/{fid}")
+            for k in (1, 5) if i % 2 == 0 else (1,):
+                quiet(s)
+                t0 = time.perf_counter()
+                res, st, _ = api.call("POST", f"/sandboxes/{sb['sandboxID']}/fork", {"count": k, "timeout": 1800})
+                kids = [r["sandbox"] for r in res]
+                api.owned.update(kd["sandboxID"] for kd in kids)
+                t1 = time.perf_counter()
+                api.run_all(kids, "print(x + 1)", "42")
+                st["first run_code (client)"], st["until all answer (client)"] = ms(t1), ms(t0)
+                st[CPU + ", mean"] = sum(cpu_ms(kd) for kd in kids) / len(kids)
+                s["rows"][f"fork{k}"].append(st)
+                api.kill_all(kids)
+        fork.log(f"round {i + 1}/{args.n} done, load {os.getloadavg()[0]:.1f}")
+    for s in sides:
+        use(s)
+        s["api"].kill(s["sb"])
+    print(f"daemon A/B — {time.strftime('%Y-%m-%d %H:%M')} — load average {load0:.1f} at start / "
+          f"{os.getloadavg()[0]:.1f} at end, {time.time() - t_start:.0f} s; p50 in ms, sides alternating\n")
+    for op, title in (("snap", "create from a fresh snapshot"), ("fork1", "fork(1)"), ("fork5", "fork(5)")):
+        keys = []
+        for s in sides:
+            for st in s["rows"][op]:
+                keys += [k for k in st if k not in keys]
+        print(f"| {title} | " + " | ".join(f"{s['name']} (n)" for s in sides) + " | ratio |\n|---|---|---|---|")
+        for k in keys:
+            meds, cells = [], []
+            for s in sides:
+                v = [st[k] for st in s["rows"][op] if k in st]
+                meds.append(statistics.median(v) if v else None)
+                cells.append(f"{meds[-1]:.1f} ({len(v)})" if v else "-")
+            r = f"{meds[1] / meds[0]:.2f}x" if meds[0] and meds[1] is not None else ""
+            print(f"| {k} | " + " | ".join(cells) + f" | {r} |")
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

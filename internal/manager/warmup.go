@@ -1,0 +1,78 @@
+package manager
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/cellfork/cellfork/internal/envd"
+)
+
+// The first restore of an image records which of its pages the sandbox
+// copies on write in its first seconds, and every later restore loads those
+// up front instead of faulting them in one by one (patches/gvisor:
+// working-set). Left to the pool, a new warm image's first restore is a
+// refill that sits idle until it is claimed, so the working set it records
+// is the agent's idle one, and the first run_code of every pooled sandbox
+// faults the code interpreter's pages in (and so does every fork child and
+// sandbox created from a snapshot of one: their images carry the pages the
+// parent wrote, patches/gvisor: diff-prefetch). So the daemon restores each
+// warm image it builds once, before the pool does, and runs a first request
+// in it.
+
+// warmupCode is the first run_code of the warm-up: it prints, as nearly
+// every first request does, so that the output path is recorded too.
+const warmupCode = "print(sum(range(10)))"
+
+// warmupSettle is how long the warm-up sandbox lives on after its request:
+// the sentry writes the working set out every 100 ms.
+const warmupSettle = 300 * time.Millisecond
+
+// recordWorkingSet restores the warm image just built into a throwaway
+// sandbox, hands it off as a pool refill does and runs warmupCode in its
+// default code context. Best effort: a failure costs only the prefetch.
+func (m *Manager) recordWorkingSet(ctx context.Context, name, rootfs, image string) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	if err := m.warmup(ctx, name, rootfs, image); err != nil {
+		m.log.Warn("warm image's first request failed: its working set is what it recorded until then", "template", name, "err", err)
+		return
+	}
+	m.log.Info("warm image's working set recorded", "template", name, "ms", time.Since(t0).Milliseconds())
+}
+
+func (m *Manager) warmup(ctx context.Context, name, rootfs, image string) error {
+	limits := m.templateLimits(name)
+	b, err := m.boxes.Restore(ctx, image, rootfs, limits, nil)
+	if err != nil {
+		return err
+	}
+	defer m.boxes.Destroy(context.WithoutCancel(ctx), b)
+	if err := m.boxes.Ready(ctx, b, limits); err != nil {
+		return err
+	}
+	body := fmt.Sprintf(`{"code": %q}`, warmupCode)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://sandbox:%d/execute", envd.CodeInterpreterPort), strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := b.Transport.RoundTrip(req)
+	if err != nil {
+		return fmt.Errorf("running the first code: %w", err)
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return fmt.Errorf("reading the first code's output: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("running the first code: %s", resp.Status)
+	}
+	time.Sleep(warmupSettle)
+	return nil
+}
