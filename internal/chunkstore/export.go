@@ -418,21 +418,11 @@ func (s *Store) upload(ctx context.Context, dir string, names []string, missing 
 	if len(missing) == 0 {
 		return nil
 	}
-	files := make([]*os.File, len(names))
-	defer func() {
-		for _, f := range files {
-			if f != nil {
-				f.Close()
-			}
-		}
-	}()
-	for i, n := range names {
-		f, err := os.Open(filepath.Join(dir, n))
-		if err != nil {
-			return err
-		}
-		files[i] = f
+	files, closeAll, err := openAll(dir, names)
+	if err != nil {
+		return err
 	}
+	defer closeAll()
 	var done atomic.Int64
 	var count atomic.Int64
 	g, gctx := errgroup.WithContext(ctx)
@@ -458,10 +448,29 @@ func (s *Store) upload(ctx context.Context, dir string, names []string, missing 
 			return nil
 		})
 	}
-	err := g.Wait()
+	err = g.Wait()
 	st.Transferred, st.TransferredBytes = int(count.Load()), done.Load()
 	if err == nil {
 		err = ctx.Err()
 	}
 	return err
+}
+
+// openAll opens the image's files named, in order; closeAll closes them.
+func openAll(dir string, names []string) (files []*os.File, closeAll func(), err error) {
+	files = make([]*os.File, len(names))
+	closeAll = func() {
+		for _, f := range files {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}
+	for i, n := range names {
+		if files[i], err = os.Open(filepath.Join(dir, n)); err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+	}
+	return files, closeAll, nil
 }

@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -179,21 +177,11 @@ func (s *Store) uploadPacks(ctx context.Context, dir string, names []string, pac
 	if len(packs) == 0 {
 		return nil
 	}
-	files := make([]*os.File, len(names))
-	defer func() {
-		for _, f := range files {
-			if f != nil {
-				f.Close()
-			}
-		}
-	}()
-	for i, n := range names {
-		f, err := os.Open(filepath.Join(dir, n))
-		if err != nil {
-			return err
-		}
-		files[i] = f
+	files, closeAll, err := openAll(dir, names)
+	if err != nil {
+		return err
 	}
+	defer closeAll()
 	var done, count atomic.Int64
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(min(s.parallel, 4))
@@ -223,7 +211,7 @@ func (s *Store) uploadPacks(ctx context.Context, dir string, names []string, pac
 			return nil
 		})
 	}
-	err := g.Wait()
+	err = g.Wait()
 	st.Transferred, st.TransferredBytes = int(count.Load()), done.Load()
 	if err == nil {
 		err = ctx.Err()
