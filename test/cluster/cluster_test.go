@@ -39,6 +39,7 @@ func TestCluster(t *testing.T) {
 		{"paused-moves", testPausedMoves},
 		{"evacuate", testEvacuate},
 		{"fork-overflows", testForkOverflows},
+		{"fork-peer-unreachable", testForkPeerUnreachable},
 		{"templates-travel", testTemplatesTravel},
 		{"store-outage", testStoreOutage},
 		{"store-collects", testStoreCollects},
