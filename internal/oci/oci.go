@@ -143,6 +143,8 @@ func registryError(ref string, r name.Reference, err error) error {
 	if errors.As(err, &oe) || errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) {
 		return errdefs.New(errdefs.ErrUnavailable, "registry %s is unreachable (pulling %q): %v", reg, ref, err)
 	}
+	// go-containerregistry has no error value for this one
+	// (remote/index.go: fmt.Errorf("no child with platform ...")).
 	if strings.Contains(err.Error(), "no child with platform") {
 		return errdefs.New(errdefs.ErrInvalidArgument, "image %q has no variant for linux/%s", ref, runtime.GOARCH)
 	}
