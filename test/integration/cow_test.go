@@ -58,6 +58,40 @@ func shmView(t *testing.T, sb sandboxInfo) string {
 	return out
 }
 
+// writeSameAddresses has each of kids (restored from the parent's image,
+// which filled its buffer with 0xa5) start with the parent's memory and
+// write its own value at the same addresses, and the parent write 0xb0;
+// then checks that each reads only its own writes, and that a later
+// restore of snap sees the image, not the writes. It returns how many
+// children kept their writes, whether the parent did, the later restore
+// and whether it was clean.
+func writeSameAddresses(t *testing.T, parent sandboxInfo, snap string, kids []sandboxInfo) (own int, parentOwn bool, later sandboxInfo, laterClean bool) {
+	t.Helper()
+	for i, kid := range kids {
+		if !filled(t, kid, 0xa5) {
+			t.Fatalf("child %d does not start with the parent's memory", i)
+		}
+		fill(t, kid, byte(i+1))
+	}
+	fill(t, parent, 0xb0)
+	for i, kid := range kids {
+		if filled(t, kid, byte(i+1)) {
+			own++
+		} else {
+			t.Errorf("child %d lost its own writes (a sibling's or the parent's showed through)", i)
+		}
+	}
+	parentOwn = filled(t, parent, 0xb0)
+	if !parentOwn {
+		t.Errorf("the parent sees a child's write")
+	}
+	later = create(t, map[string]any{"templateID": snap})
+	if laterClean = filled(t, later, 0xa5); !laterClean {
+		t.Errorf("a later restore of the snapshot sees writes made after it")
+	}
+	return own, parentOwn, later, laterClean
+}
+
 // forkN forks n children of parent and returns them (killed at cleanup).
 func forkN(t *testing.T, parent sandboxInfo, n int) []sandboxInfo {
 	t.Helper()
@@ -107,31 +141,7 @@ func TestCopyOnWriteIsolation(t *testing.T) {
 	// snapshot, all writing the same addresses with their own values.
 	kids := forkN(t, parent, 4)
 	kids = append(kids, create(t, map[string]any{"templateID": snap}), create(t, map[string]any{"templateID": snap}))
-	for i, kid := range kids {
-		if !filled(t, kid, 0xa5) {
-			t.Fatalf("child %d does not start with the parent's memory", i)
-		}
-		fill(t, kid, byte(i+1))
-	}
-	fill(t, parent, 0xb0)
-	own := 0
-	for i, kid := range kids {
-		if filled(t, kid, byte(i+1)) {
-			own++
-		} else {
-			t.Errorf("child %d lost its own writes (a sibling's or the parent's showed through)", i)
-		}
-	}
-	parentOwn := filled(t, parent, 0xb0)
-	if !parentOwn {
-		t.Errorf("the parent sees a child's write")
-	}
-	// A later restore of the same image sees the image, not the writes.
-	later := create(t, map[string]any{"templateID": snap})
-	laterClean := filled(t, later, 0xa5)
-	if !laterClean {
-		t.Errorf("a later restore of the snapshot sees writes made after it")
-	}
+	own, parentOwn, later, laterClean := writeSameAddresses(t, parent, snap, kids)
 	record("shared memory images", fmt.Sprintf("%d sandboxes restored from one image (fork and snapshot) write 16 MiB at the same addresses", len(kids)),
 		"each reads only its own writes; the parent and a later restore read theirs",
 		fmt.Sprintf("%d of %d children, parent %v, later restore %v", own, len(kids), parentOwn, laterClean),
@@ -262,30 +272,7 @@ print('ok')
 	}
 	kids := forkN(t, parent, 2)
 	kids = append(kids, create(t, map[string]any{"templateID": snap}), create(t, map[string]any{"templateID": snap}))
-	for i, kid := range kids {
-		if !filled(t, kid, 0xa5) {
-			t.Fatalf("child %d does not start with the parent's memory", i)
-		}
-		fill(t, kid, byte(i+1))
-	}
-	fill(t, parent, 0xb0)
-	own := 0
-	for i, kid := range kids {
-		if filled(t, kid, byte(i+1)) {
-			own++
-		} else {
-			t.Errorf("child %d lost its own writes (a sibling's or the parent's showed through)", i)
-		}
-	}
-	parentOwn := filled(t, parent, 0xb0)
-	if !parentOwn {
-		t.Errorf("the parent sees a child's write")
-	}
-	later := create(t, map[string]any{"templateID": snap})
-	laterClean := filled(t, later, 0xa5)
-	if !laterClean {
-		t.Errorf("a later restore of the snapshot sees writes made after it")
-	}
+	own, parentOwn, _, laterClean := writeSameAddresses(t, parent, snap, kids)
 	// A diff of a diff: a child's snapshot, restored, has the child's memory.
 	again := create(t, map[string]any{"templateID": snapshotOf(t, kids[2].SandboxID, "")})
 	chained := filled(t, again, 3)
