@@ -412,12 +412,9 @@ func (o otherHost) MovedHere(ctx context.Context, id string) (*sandbox.Sandbox, 
 	return rec, nil
 }
 
-// A snapshot another host took starts a sandbox here once it is in the
-// store, from an import of its own that is deleted after the restore; a
-// rollback onto it imports it again. Before its upload, or written by
-// another runtime build, it is refused with the reason.
-func TestAnotherHostsSnapshot(t *testing.T) {
-	images := newMemImages()
+// holdExports makes the store refuse exports (unavailable, as a store
+// that is down) until the returned release is called.
+func holdExports(images *memImages) (release func()) {
 	var mu sync.Mutex
 	hold := true
 	images.fail = func(op string) error {
@@ -428,6 +425,20 @@ func TestAnotherHostsSnapshot(t *testing.T) {
 		}
 		return nil
 	}
+	return func() {
+		mu.Lock()
+		hold = false
+		mu.Unlock()
+	}
+}
+
+// A snapshot another host took starts a sandbox here once it is in the
+// store, from an import of its own that is deleted after the restore; a
+// rollback onto it imports it again. Before its upload, or written by
+// another runtime build, it is refused with the reason.
+func TestAnotherHostsSnapshot(t *testing.T) {
+	images := newMemImages()
+	release := holdExports(images)
 	a := newStoreEnv(t, images)
 	b := newEnv(t, nil)
 	b.m.Close()
@@ -444,9 +455,7 @@ func TestAnotherHostsSnapshot(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "not in the chunk store yet") {
 		t.Fatalf("create from another host's snapshot before its upload: %v", err)
 	}
-	mu.Lock()
-	hold = false
-	mu.Unlock()
+	release()
 	a.waitUpload(sn.ID, sandbox.UploadDone)
 
 	c, err := b.m.Create(context.Background(), sandbox.CreateRequest{TemplateID: "packed"})

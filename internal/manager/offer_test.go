@@ -3,9 +3,7 @@ package manager
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
@@ -19,16 +17,7 @@ import (
 // snapshot, is not heeded.
 func TestSnapshotOfferedByItsHost(t *testing.T) {
 	images := newMemImages()
-	var mu sync.Mutex
-	hold := true
-	images.fail = func(op string) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if op == "export" && hold {
-			return fmt.Errorf("store: %w", errdefs.ErrUnavailable)
-		}
-		return nil
-	}
+	release := holdExports(images)
 	a := newStoreEnv(t, images)
 	offers := newMemImages() // what a's host serves its peers
 	b := newEnv(t, nil)
@@ -65,9 +54,7 @@ func TestSnapshotOfferedByItsHost(t *testing.T) {
 	if got := b.memory(c.ID); got != "on-a" || c.BaseSnapshot != sn.ID {
 		t.Errorf("memory %q, base %q", got, c.BaseSnapshot)
 	}
-	mu.Lock()
-	hold = false
-	mu.Unlock()
+	release()
 	if up := a.waitUpload(sn.ID, sandbox.UploadDone); up.StoreRoot != root {
 		t.Errorf("the upload wrote root %s, the offer %s", up.StoreRoot, root)
 	}
