@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/chunkstore"
@@ -124,6 +125,10 @@ func packs(dir, tmp string, runs int) error {
 							return err
 						}
 					}
+					// The copies and removals before it written back, so
+					// that the import is not timed against their
+					// writeback (a host's warm image is long on disk).
+					syscall.Sync()
 					out := fresh()
 					ist, err := s.Import(ctx, roots[md.name][im.name], out)
 					if err != nil {
