@@ -107,8 +107,12 @@ type peerClient struct {
 
 func newPeerClient() *peerClient {
 	tr := &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
-		ResponseHeaderTimeout: 10 * time.Second,
+		DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+		// A peer answers from an offer it holds, in milliseconds; one
+		// that went dark on a kept-alive connection (no refused dial to
+		// say so) costs the fork this long before the store is read
+		// instead (10 s before: cluster test fork-peer-unreachable).
+		ResponseHeaderTimeout: 3 * time.Second,
 		MaxIdleConnsPerHost:   32,
 	}
 	p := &peerClient{}
