@@ -383,8 +383,8 @@ func TestStoreRootsAndJobRounds(t *testing.T) {
 	}
 }
 
-// TestTemplateBuilds: a published build is found by id, name and
-// name:tag for its team only, the newest first; a sync moves tags, keeps
+// TestTemplateBuilds: a published build is found by template id, name,
+// name:tag and build id for its team only, the newest first; a sync moves tags, keeps
 // a build still being built and forgets the rest; its roots are live.
 func TestTemplateBuilds(t *testing.T) {
 	db := fresh(t)
@@ -417,6 +417,18 @@ func TestTemplateBuilds(t *testing.T) {
 	} {
 		if got := find(c.team, c.name, c.tag); got != c.want {
 			t.Errorf("find(%s, %s, %s) = %s, want %s", c.team, c.name, c.tag, got, c.want)
+		}
+	}
+	for _, c := range []struct{ team, id, want string }{{"acme", "b1", "b1"}, {"acme", "b2", "b2"}, {"other", "b1", "none"}, {"acme", "b9", "none"}} {
+		b, err := db.TemplateBuildByID(ctx, c.team, c.id)
+		got := b.BuildID
+		if errors.Is(err, errdefs.ErrNotFound) {
+			got = "none"
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want {
+			t.Errorf("TemplateBuildByID(%s, %s) = %s, want %s", c.team, c.id, got, c.want)
 		}
 	}
 	roots, _ := db.StoreRoots(ctx)

@@ -37,6 +37,11 @@ type CustomTemplates interface {
 	// ResolveTemplate returns the template id names ("name", "name:tag",
 	// a template id), or an ErrNotFound error.
 	ResolveTemplate(ctx context.Context, id string) (CustomTemplate, error)
+	// LocalRoot returns this host's copy of root file system rootfs, which
+	// a record from another host names (a custom template's root is at
+	// another path on each host: this host's copy of the same build,
+	// pulled for team if need be); another path as it is.
+	LocalRoot(ctx context.Context, team, rootfs string) (string, error)
 }
 
 // SetCustomTemplates installs the resolver of custom templates. Call it
@@ -57,6 +62,25 @@ func (m *Manager) resolveCustom(ctx context.Context, id string) (source, bool, e
 		return source{}, false, err
 	}
 	return source{template: t.Key, rootfs: t.Rootfs, image: t.Image, limits: m.cfg.DefaultLimits.Over(t.Limits), custom: id}, true, nil
+}
+
+// localRoot returns this host's copy of rootfs, the root file system a
+// record from another host names (what: the record, for errors): a
+// custom template's root maps to this host's copy of its build
+// (CustomTemplates.LocalRoot); a built-in template's is the same path on
+// every host. ErrFailedPrecondition if this host has none.
+func (m *Manager) localRoot(ctx context.Context, team, what, rootfs string) (string, error) {
+	if m.custom != nil {
+		local, err := m.custom.LocalRoot(ctx, team, rootfs)
+		if err != nil {
+			return "", fmt.Errorf("%s: its template's root file system: %w", what, err)
+		}
+		rootfs = local
+	}
+	if _, err := os.Stat(rootfs); err != nil {
+		return "", errdefs.New(errdefs.ErrFailedPrecondition, "%s: its template's root filesystem (%s) is not on this host", what, rootfs)
+	}
+	return rootfs, nil
 }
 
 // WarmCustom keeps ready sandboxes of a custom template in the pool (0:

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -72,8 +73,8 @@ func (m *Manager) findSource(ctx context.Context, idOrName string) (*sandbox.Sna
 	case sn.Runtime != m.cfg.RuntimeBuild:
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q was written by runtime build %q; this host runs %q", sn.ID, sn.Runtime, m.cfg.RuntimeBuild)
 	}
-	if _, err := os.Stat(sn.Rootfs); err != nil {
-		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q: its template's root filesystem (%s) is not on this host", sn.ID, sn.Rootfs)
+	if sn.Rootfs, err = m.localRoot(ctx, sn.Team, fmt.Sprintf("snapshot %q", sn.ID), sn.Rootfs); err != nil {
+		return nil, err
 	}
 	sn.Image = ""
 	return sn, nil

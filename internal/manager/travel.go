@@ -110,8 +110,8 @@ func (m *Manager) adoptMoved(ctx context.Context, id string) error {
 	if rec.State != sandbox.StatePaused || rec.PausedRoot == "" || !sandbox.Sees(ctx, rec.Team) {
 		return errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}
-	if _, err := os.Stat(rec.Rootfs); err != nil {
-		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q: its template's root filesystem (%s) is not on this host", id, rec.Rootfs)
+	if rec.Rootfs, err = m.localRoot(ctx, rec.Team, fmt.Sprintf("sandbox %q", id), rec.Rootfs); err != nil {
+		return err
 	}
 	dir := m.pausedDir(id)
 	os.RemoveAll(dir) // a copy of a time it lived here before
