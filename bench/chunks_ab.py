@@ -64,7 +64,9 @@ def main():
     for i in range(args.n):
         for name in (["before", "after"] if i % 2 == 0 else ["after", "before"]):
             r = subprocess.run([bins[name], "-images", args.images, "-only", "packs", "-runs", "1"],
-                               check=True, capture_output=True, text=True)
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit(f"run {i + 1} {name} failed: {r.stdout[-2000:]}{r.stderr[-2000:]}")
             for (image, host), v in rows(r.stdout).items():
                 for store in ("loose", "packs"):
                     samples.setdefault((image, host, store, name), []).append(v[store])
