@@ -168,7 +168,11 @@ func (s *Store) importFrom(ctx context.Context, src Backend, root Hash, dir stri
 		g.SetLimit(s.parallel)
 		// Packed chunks by ranged reads of their packs, each chunk
 		// verified.
-		sps := spans(m, packed, func(h Hash) int { return distinct[h] })
+		var packedBytes int64
+		for _, h := range packed {
+			packedBytes += int64(distinct[h])
+		}
+		sps := spans(m, packed, func(h Hash) int { return distinct[h] }, spanBytes(packedBytes, s.parallel))
 		st.Packs = len(sps)
 		for _, sp := range sps {
 			if gctx.Err() != nil {
