@@ -97,10 +97,10 @@ func packs(dir, tmp string, runs int) error {
 	fmt.Printf("\n### Pack files: import from S3 with a cold cache (median of %d, the two stores taking turns)\n\n", runs)
 	fmt.Println("| image | host | loose ms | loose fetched | packs ms | packs fetched | loose / packs | packs phases (ms, last run) |")
 	fmt.Println("|---|---|---:|---:|---:|---:|---:|---|")
-	// The hosts: cold (nothing cached, no template); one that noted the
-	// template's warm image (Remember at start, not timed); and one that
-	// noted it and whose cache holds the sandbox's own chunks (an import
-	// before, not timed): the wake from the host cache.
+	// The hosts: cold (nothing cached, no template); one that has the
+	// template's warm image (noted at start, its manifest in the cache; not
+	// timed); and one that also holds the sandbox's own chunks in its
+	// cache (an import before, not timed): the wake from the host cache.
 	const cold, noted, cached = "cold", "warm image noted", "warm image noted, its chunks cached"
 	for _, im := range images {
 		for _, host := range []string{cold, noted, cached} {
@@ -122,12 +122,17 @@ func packs(dir, tmp string, runs int) error {
 					}
 					if host != cold {
 						// A host with the template's warm image on its disk,
-						// noted at start (not timed).
+						// noted at start, and its manifest in the host cache:
+						// a cluster host pulled or published the warm image
+						// through the store (not timed).
 						warm := fresh()
 						if err := copyDir(images[0].path, warm); err != nil {
 							return err
 						}
 						if err := s.Remember(ctx, warm); err != nil {
+							return err
+						}
+						if _, err := s.Manifest(ctx, roots[md.name][images[0].name]); err != nil {
 							return err
 						}
 					}
