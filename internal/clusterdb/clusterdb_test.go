@@ -314,6 +314,15 @@ func TestMoveIsACompareAndSwap(t *testing.T) {
 	if moved, _ := db.Moved(ctx); moved[id] != b {
 		t.Errorf("moved map: %v", moved)
 	}
+	// The old host asks which of its copies moved away: this one, not an
+	// id of its own or one with no row.
+	mine := ids.NewSandbox(1, a)
+	if err := db.Sync(ctx, Sandbox{ID: mine, Team: "acme", Region: 1, HostSlot: a, State: "running", MemoryMB: 512, Doc: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if away, err := db.AwayFrom(ctx, a, []string{id, mine, ids.NewSandbox(1, a)}); err != nil || len(away) != 1 || away[0] != id {
+		t.Errorf("away from host %d: %v %v", a, away, err)
+	}
 }
 
 // The roots a collection keeps are the rows' (snapshots' and paused
