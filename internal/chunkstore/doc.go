@@ -86,7 +86,7 @@
 // manifest over a packed base reads the base's packs too), else
 // chunks/<h>. An import with a cache reads the packed chunks it lacks in
 // ranged reads (Backend's optional RangeReader; a whole GET otherwise) of
-// 256 KiB to 4 MiB (enough of them for the requests in flight), skipping at most 64 KiB it does not need, verifies each
+// up to 4 MiB, skipping at most 64 KiB it does not need, verifies each
 // chunk and caches it on its own, as if it had been fetched alone (behind
 // the import, as every chunk an import fetches: see Cache); without
 // a cache each chunk is read from its pack. A pack the backend lacks is

@@ -168,11 +168,7 @@ func (s *Store) importFrom(ctx context.Context, src Backend, root Hash, dir stri
 		g.SetLimit(s.parallel)
 		// Packed chunks by ranged reads of their packs, each chunk
 		// verified.
-		var packedBytes int64
-		for _, h := range packed {
-			packedBytes += int64(distinct[h])
-		}
-		sps := spans(m, packed, func(h Hash) int { return distinct[h] }, spanBytes(packedBytes, s.parallel))
+		sps := spans(m, packed, func(h Hash) int { return distinct[h] })
 		st.Packs = len(sps)
 		for _, sp := range sps {
 			if gctx.Err() != nil {

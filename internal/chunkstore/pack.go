@@ -48,9 +48,6 @@ const (
 	// (chunks the cache holds) rather than start another.
 	rangeBytes = 4 << 20
 	rangeGap   = 64 << 10
-	// minRangeBytes is the least an import's ranged reads are cut to
-	// (spanBytes).
-	minRangeBytes = 256 << 10
 )
 
 // Pack is one pack file a manifest wrote: its chunks in the order they
@@ -296,19 +293,10 @@ type spanChunk struct {
 	size int
 }
 
-// spanBytes is how large an import's ranged reads are when they read
-// total bytes, parallel at a time: enough reads to keep parallel requests
-// busy (a suspended sandbox's own 4.5 MB: 16 reads of 288 KB, not 2 of 4
-// MiB, which take their turn on one connection each), between
-// minRangeBytes and rangeBytes.
-func spanBytes(total int64, parallel int) int {
-	return int(min(max(total/int64(max(parallel, 1)), minRangeBytes), rangeBytes))
-}
-
 // spans groups the packed chunks hashes (of manifest m) into ranged reads
-// of up to maxBytes, each over consecutive chunks of one pack with at
+// of up to rangeBytes, each over consecutive chunks of one pack with at
 // most rangeGap bytes between them.
-func spans(m *Manifest, hashes []Hash, size func(Hash) int, maxBytes int) []span {
+func spans(m *Manifest, hashes []Hash, size func(Hash) int) []span {
 	type placed struct {
 		l    loc
 		h    Hash
@@ -329,7 +317,7 @@ func spans(m *Manifest, hashes []Hash, size func(Hash) int, maxBytes int) []span
 		if len(out) > 0 {
 			last := &out[len(out)-1]
 			end := last.off + int64(last.n)
-			if last.pack == c.l.pack && c.l.off >= end && c.l.off-end <= rangeGap && c.l.off+int64(c.size)-last.off <= int64(maxBytes) {
+			if last.pack == c.l.pack && c.l.off >= end && c.l.off-end <= rangeGap && c.l.off+int64(c.size)-last.off <= rangeBytes {
 				last.n = int(c.l.off + int64(c.size) - last.off)
 				last.chunks = append(last.chunks, spanChunk{c.h, c.l.off, c.size})
 				continue

@@ -168,19 +168,6 @@ func TestPackedManifestOverBase(t *testing.T) {
 	}
 }
 
-// An import's ranged reads are cut so that a few MB make enough of them
-// for its requests in flight, not fewer than 256 KiB nor more than 4 MiB.
-func TestSpanBytes(t *testing.T) {
-	for _, c := range []struct {
-		total int64
-		want  int
-	}{{1 << 20, 256 << 10}, {4608 << 10, 288 << 10}, {16 << 20, 1 << 20}, {64 << 20, 4 << 20}, {1 << 30, 4 << 20}} {
-		if got := spanBytes(c.total, 16); got != c.want {
-			t.Errorf("spanBytes(%d, 16) = %d, want %d", c.total, got, c.want)
-		}
-	}
-}
-
 func TestSpans(t *testing.T) {
 	var chunks []Chunk
 	var hs []Hash
@@ -196,12 +183,8 @@ func TestSpans(t *testing.T) {
 	}
 	size := func(Hash) int { return 40 << 10 }
 	// All 200 (8,000 KiB): two ranged reads of at most 4 MiB.
-	if sp := spans(m, hs, size, rangeBytes); len(sp) != 2 || sp[0].n != 102*40<<10 || sp[1].off != int64(sp[0].n) {
+	if sp := spans(m, hs, size); len(sp) != 2 || sp[0].n != 102*40<<10 || sp[1].off != int64(sp[0].n) {
 		t.Fatalf("spans of the whole pack: %d", len(sp))
-	}
-	// Cut smaller: 8,000 KiB in reads of at most 288 KiB (7 chunks).
-	if sp := spans(m, hs, size, 288<<10); len(sp) != 29 || sp[0].n != 7*40<<10 {
-		t.Fatalf("spans of 288 KiB: %d", len(sp))
 	}
 	// Every other one: gaps of 40 KiB are read through; every fourth
 	// (gaps of 120 KiB) are not.
@@ -214,10 +197,10 @@ func TestSpans(t *testing.T) {
 			fourth = append(fourth, h)
 		}
 	}
-	if sp := spans(m, odd, size, rangeBytes); len(sp) != 2 {
+	if sp := spans(m, odd, size); len(sp) != 2 {
 		t.Fatalf("every other chunk: %d spans", len(sp))
 	}
-	if sp := spans(m, fourth, size, rangeBytes); len(sp) != 50 {
+	if sp := spans(m, fourth, size); len(sp) != 50 {
 		t.Fatalf("every fourth chunk: %d spans, want one each", len(sp))
 	}
 }

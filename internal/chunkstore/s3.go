@@ -273,10 +273,6 @@ func (b *S3Backend) List(ctx context.Context, prefix string, fn func(Object) err
 // Flush is a no-op: an S3 PUT is durable when it returns.
 func (b *S3Backend) Flush(ctx context.Context) error { return nil }
 
-// maxPreallocated is the largest ranged read given its whole buffer at
-// once.
-const maxPreallocated = 16 << 20
-
 // GetRange reads n bytes of the object from off with a ranged GET (fewer
 // at its end; none past it).
 func (b *S3Backend) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
@@ -294,19 +290,7 @@ func (b *S3Backend) GetRange(ctx context.Context, key string, off, n int64) ([]b
 		return nil, s3Err("reading", key, err)
 	}
 	defer obj.Close()
-	// Read into one buffer of the size asked for (io.ReadAll would grow
-	// one from 512 bytes, copying a 4 MiB read's bytes twice over).
-	var data []byte
-	if n <= maxPreallocated {
-		data = make([]byte, n)
-		var got int
-		got, err = io.ReadFull(obj, data)
-		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			data, err = data[:got], nil // the object ends within the range
-		}
-	} else {
-		data, err = io.ReadAll(obj)
-	}
+	data, err := io.ReadAll(obj)
 	if err != nil {
 		var resp minio.ErrorResponse
 		if errors.As(err, &resp) && resp.StatusCode == http.StatusRequestedRangeNotSatisfiable {
