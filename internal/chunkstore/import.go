@@ -53,6 +53,7 @@ func (s *Store) importFrom(ctx context.Context, src Backend, root Hash, dir stri
 	if err != nil {
 		return st, err
 	}
+	m = s.keepBase(root, m) // an image others are written over, pulled: read only from here on
 	phase("import.manifest", tm)
 
 	tc := time.Now()

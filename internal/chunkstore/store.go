@@ -325,9 +325,10 @@ func (s *Store) manifest(ctx context.Context, b Backend, root Hash, depth int) (
 
 // baseManifest is manifest for a base. A flat one (a template's warm
 // image, which every paused sandbox's manifest is written over: 1,700
-// chunks, 161 KB with packs) is decoded and resolved the first time,
-// then kept (up to maxBases): later its bytes are still read and
-// verified, as every manifest's, but not decoded again.
+// chunks, 161 KB with packs) is decoded and resolved the first time it is
+// read as a base or imported (keepBase), then kept (up to maxBases):
+// later its bytes are still read and verified, as every manifest's, but
+// not decoded again.
 func (s *Store) baseManifest(ctx context.Context, b Backend, root Hash, depth int) (*Manifest, error) {
 	s.basesMu.Lock()
 	var kept *Manifest
@@ -346,21 +347,31 @@ func (s *Store) baseManifest(ctx context.Context, b Backend, root Hash, depth in
 		return kept, nil
 	}
 	m, err := s.manifest(ctx, b, root, depth)
-	if err != nil || m.Base != (Hash{}) {
-		return m, err
+	if err != nil {
+		return nil, err
+	}
+	return s.keepBase(root, m), nil
+}
+
+// keepBase keeps m, the manifest root names, decoded for baseManifest if
+// it is flat (a template's warm image that an import pulled, or a base
+// read), and returns the one kept. m must not change afterwards.
+func (s *Store) keepBase(root Hash, m *Manifest) *Manifest {
+	if m.Base != (Hash{}) {
+		return m
 	}
 	s.basesMu.Lock()
 	defer s.basesMu.Unlock()
 	for _, k := range s.bases {
 		if k.root == root {
-			return k.m, nil
+			return k.m
 		}
 	}
 	if len(s.bases) == maxBases {
 		s.bases = s.bases[1:]
 	}
 	s.bases = append(s.bases, keptBase{root, m})
-	return m, nil
+	return m
 }
 
 // readManifest reads and verifies one manifest from the cache or b, not
