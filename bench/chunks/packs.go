@@ -98,8 +98,8 @@ func packs(dir, tmp string, runs int) error {
 	fmt.Println("| image | host | loose ms | loose fetched | packs ms | packs fetched | loose / packs | packs phases (ms, last run) |")
 	fmt.Println("|---|---|---:|---:|---:|---:|---:|---|")
 	// The hosts: cold (nothing cached, no template); one that has the
-	// template's warm image (noted at start, its manifest in the cache; not
-	// timed); and one that also holds the sandbox's own chunks in its
+	// template's warm image (noted at start, and pulled through the store;
+	// not timed); and one that also holds the sandbox's own chunks in its
 	// cache (an import before, not timed): the wake from the host cache.
 	const cold, noted, cached = "cold", "warm image noted", "warm image noted, its chunks cached"
 	for _, im := range images {
@@ -122,9 +122,9 @@ func packs(dir, tmp string, runs int) error {
 					}
 					if host != cold {
 						// A host with the template's warm image on its disk,
-						// noted at start, and its manifest in the host cache:
-						// a cluster host pulled or published the warm image
-						// through the store (not timed).
+						// noted at start, and pulled through the store as a
+						// cluster host pulls it (its files linked, its
+						// manifest read; not timed).
 						warm := fresh()
 						if err := copyDir(images[0].path, warm); err != nil {
 							return err
@@ -132,9 +132,12 @@ func packs(dir, tmp string, runs int) error {
 						if err := s.Remember(ctx, warm); err != nil {
 							return err
 						}
-						if _, err := s.Manifest(ctx, roots[md.name][images[0].name]); err != nil {
+						pulled := fresh()
+						if _, err := s.Import(ctx, roots[md.name][images[0].name], pulled); err != nil {
 							return err
 						}
+						flush(c)
+						os.RemoveAll(pulled)
 					}
 					if host == cached {
 						before := fresh()
