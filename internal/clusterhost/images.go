@@ -116,7 +116,9 @@ func (m *Member) SyncTemplate(ctx context.Context, team, templateID string, name
 // tag names (the newest with no tag): ErrFailedPrecondition when another
 // runsc build made its warm image.
 func (m *Member) FindTemplate(ctx context.Context, team, name, tag string) (clusterdb.TemplateBuild, error) {
-	return m.runnable(name, func(db *clusterdb.DB) (clusterdb.TemplateBuild, error) { return db.FindTemplateBuild(ctx, team, name, tag) })
+	return m.runnable(name, func(db *clusterdb.DB) (clusterdb.TemplateBuild, error) {
+		return db.FindTemplateBuild(ctx, team, name, tag)
+	})
 }
 
 // FindTemplateBuild returns team's published build id, as FindTemplate.
