@@ -132,8 +132,9 @@ func (m *Manager) resume(ctx context.Context, l *Live, timeout time.Duration) er
 		if err := m.boxes.HandOff(ctx, b, m.handOff(l.rec)); err != nil {
 			return err
 		}
+		rid := l.rec.RuntimeID
 		l.update(func() { l.box, l.rec.RuntimeID = b, b.RID })
-		cu.Add(func() { l.update(func() { l.box = nil }) })
+		cu.Add(func() { l.update(func() { l.box, l.rec.RuntimeID = nil, rid }) })
 	}
 	prevEnd, mode, root := l.rec.EndAt, l.rec.PauseMode, l.rec.PausedRoot
 	l.update(func() {
@@ -208,7 +209,7 @@ func (m *Manager) reboot(ctx context.Context, l *Live, timeout time.Duration) er
 	if err := m.boxes.HandOff(ctx, b, m.handOff(l.rec)); err != nil {
 		return err
 	}
-	old, prevEnd, root := l.box, l.rec.EndAt, l.rec.PausedRoot
+	old, rid, prevEnd, root := l.box, l.rec.RuntimeID, l.rec.EndAt, l.rec.PausedRoot
 	l.update(func() {
 		l.box, l.rec.RuntimeID = b, b.RID
 		l.rec.PausedImage, l.rec.PausedRoot, l.rec.PauseMode, l.rec.EndAt = "", "", "", time.Now().UTC().Add(timeout)
@@ -216,7 +217,8 @@ func (m *Manager) reboot(ctx context.Context, l *Live, timeout time.Duration) er
 	l.setPhase(running)
 	cu.Add(func() {
 		l.update(func() {
-			l.box, l.rec.PausedImage, l.rec.PausedRoot, l.rec.PauseMode, l.rec.EndAt = old, img, root, mode, prevEnd
+			l.box, l.rec.RuntimeID = old, rid
+			l.rec.PausedImage, l.rec.PausedRoot, l.rec.PauseMode, l.rec.EndAt = img, root, mode, prevEnd
 		})
 		l.setPhase(was)
 	})

@@ -568,14 +568,16 @@ func TestAssumeMergesAcrossHosts(t *testing.T) {
 	if _, err := b.m.Assume(ctx, stranger.ID, p.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("assume by a sandbox that is not a fork child of it: %v", err)
 	}
-	undo := failpoint.Enable(failpoint.StorePut, func() error { return errors.New("injected") })
-	_, err := b.m.Assume(ctx, c.ID, p.ID)
-	undo()
-	if err == nil {
-		t.Fatal("assume with the store failing succeeded")
-	}
+	b.failEach([]string{failpoint.Init, failpoint.StorePut}, func() error {
+		_, err := b.m.Assume(ctx, c.ID, p.ID)
+		return err
+	}, c.ID)
 	if got := b.memory(c.ID); got != "child" {
 		t.Fatalf("the child after a failed assume: %q", got)
+	}
+	inits := b.h.Inits(c.RuntimeID)
+	if last := inits[len(inits)-1]; last.EnvVars["E2B_SANDBOX_ID"] != c.ID {
+		t.Errorf("after a failed assume the child's agent says it is %s", last.EnvVars["E2B_SANDBOX_ID"])
 	}
 	got, err := b.m.Assume(ctx, c.ID, p.ID)
 	if err != nil {
