@@ -151,7 +151,7 @@ func (m *Manager) Create(ctx context.Context, req sandbox.CreateRequest) (*sandb
 }
 
 // startBox gets a running box for src with limits: from the pool, from a
-// snapshot's standby, by restore, or by boot (see limits.go for which
+// snapshot's standby, by restore, or by boot (see source.go for which
 // limit allows which).
 func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limits) (*box.Box, string, error) {
 	if src.image != "" && limits.DiskMB != src.limits.DiskMB {

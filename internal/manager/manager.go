@@ -145,14 +145,11 @@ type CustomTemplates interface {
 
 // Manager owns the live sandboxes. Safe for concurrent use.
 //
-// Its files are layers: each uses only what the files below it declare.
-// From the bottom: state.go (a sandbox's phase), manager.go (this, and
-// what every operation shares), live.go (the live set: finding a sandbox,
-// adding, forgetting), then the operations (death.go, travel.go,
-// source.go, custom.go, snapshot.go, network.go, metrics.go; pause.go with
-// the timers, which pause or kill; connect.go; create.go; fork.go), and
-// reconcile.go (a daemon's start and stop) on top. layers_test.go keeps it
-// so.
+// Its files are layers: each uses only what the files below it declare,
+// from state.go (a sandbox's phase), manager.go (this, and what every
+// operation shares) and live.go (the live set) up to the operations and
+// reconcile.go (a daemon's start and stop). `go test -v -run Layered`
+// prints the layers, and fails on files that use each other.
 type Manager struct {
 	cfg   Config
 	boxes *box.Factory
@@ -172,7 +169,7 @@ type Manager struct {
 
 	// Lock order (a lock may be taken while holding only those above it):
 	//
-	//	an upload's (internal/snapshots: a Job runs under it)
+	//	the uploads' (internal/snapshots: every upload Job runs under it)
 	//	  Live.op (two at most, in id order: Merge)
 	//	    an import's lock (snapshots.Lock)
 	//	      Live.mu
@@ -212,19 +209,11 @@ func New(cfg Config, d Deps) *Manager {
 	if ids == nil {
 		ids = sandbox.RandomIDs{}
 	}
-	var cluster snapshots.Cluster
-	var warmCluster warm.Cluster
-	if d.Cluster != nil {
-		cluster, warmCluster = d.Cluster, d.Cluster
-	}
-	var images warm.Images
-	if d.Images != nil {
-		images = d.Images
-	}
+	// (A nil Images or Cluster stays nil in the narrower interfaces.)
 	snaps := snapshots.New(snapshots.Config{DataDir: cfg.DataDir, RuntimeBuild: cfg.RuntimeBuild, CapBytes: cfg.SnapshotCapBytes,
-		GCInterval: cfg.StoreGCInterval, GCGrace: cfg.StoreGCGrace}, d.Store, boxes, d.Images, cluster, d.Log)
+		GCInterval: cfg.StoreGCInterval, GCGrace: cfg.StoreGCGrace}, d.Store, boxes, d.Images, d.Cluster, d.Log)
 	wm := warm.New(cfg.RuntimeBuild, warm.Deps{Templates: d.Templates, Boxes: boxes, Admission: p.Admission(),
-		Images: images, Cluster: warmCluster, Log: d.Log})
+		Images: d.Images, Cluster: d.Cluster, Log: d.Log})
 	return &Manager{cfg: cfg, boxes: boxes, pool: p, adm: p.Admission(), st: d.Store, tpl: d.Templates, ids: ids, log: d.Log,
 		images: d.Images, cluster: d.Cluster, snaps: snaps, warm: wm, samples: samples.New(boxes),
 		live: map[string]*Live{}, tombs: map[string]tomb{}, closing: make(chan struct{})}
