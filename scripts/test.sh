@@ -8,8 +8,8 @@
 #  2. Python: our SDK's tests, the official E2B SDK conformance suite, the
 #     MCP server with the official MCP SDK and the dashboard in headless
 #     Chromium, against a test daemon on its own port and data directory;
-#     then the same daemon under the JS conformance suite (official e2b
-#     npm package).
+#     then the same daemon under the JS conformance suite (the official
+#     e2b and @e2b/code-interpreter npm packages).
 #  3. Fuzz: schemathesis drives every operation of internal/api/openapi.yaml
 #     (control plane, envd, code interpreter) with generated valid and
 #     invalid requests and checks each answer against the document, plus
@@ -53,7 +53,7 @@ prefix=cf$(printf '%s' "$TEST_TMP/data" | sha256sum | cut -c1-6)-
 status=0
 .venv/bin/pytest -q -p no:cacheprovider --ignore=tests/fuzz sdk/python/tests tests || status=$?
 
-step "JS conformance suite (the official e2b npm package) against the test daemon"
+step "JS conformance suite (the official e2b and @e2b/code-interpreter npm packages) against the test daemon"
 # The template tests look on the daemon's disk for what a failed build
 # might leave (half-made layers, mounts).
 (cd tests/conformance-js && CELLFORK_DATA_DIR="$TEST_TMP/data" npm test --silent) || status=$?

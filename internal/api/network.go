@@ -1,7 +1,10 @@
 package api
 
 import (
+	"maps"
 	"net/http"
+	"slices"
+	"strings"
 
 	"github.com/cellfork/cellfork/internal/api/apitypes"
 	"github.com/cellfork/cellfork/internal/errdefs"
@@ -34,7 +37,8 @@ func networkPolicy(b *apitypes.NetworkConfig, allowInternet *bool) (sandbox.Netw
 	n.AllowOut, n.DenyOut, n.DNSServers = b.AllowOut, b.DenyOut, b.DNSServers
 	if b.Rules != nil {
 		n.Rules = make(map[string]sandbox.Transform, len(b.Rules))
-		for domain, rules := range b.Rules {
+		for _, domain := range slices.Sorted(maps.Keys(b.Rules)) {
+			rules := b.Rules[domain]
 			if len(rules) > 1 {
 				return n, errdefs.New(errdefs.ErrInvalidArgument, "network.rules: %q: at most 1 rule per domain, as in E2B", domain)
 			}
@@ -42,7 +46,13 @@ func networkPolicy(b *apitypes.NetworkConfig, allowInternet *bool) (sandbox.Netw
 			if len(rules) == 1 && rules[0].Transform != nil {
 				t.Headers = rules[0].Transform.Headers
 			}
-			n.Rules[domain] = t
+			// Keys are stored (and reported) in lower case, as E2B
+			// normalizes them on write.
+			key := strings.ToLower(strings.TrimSpace(domain))
+			if _, dup := n.Rules[key]; dup {
+				return n, errdefs.New(errdefs.ErrInvalidArgument, "network.rules: %q: given twice (domains are case-insensitive)", domain)
+			}
+			n.Rules[key] = t
 		}
 	}
 	return n, nil

@@ -99,6 +99,16 @@ func TestNetworkRulesAPI(t *testing.T) {
 		rec.Network.MaskRequestHost != "${PORT}-app.example.com" {
 		t.Errorf("after update: %+v", rec.Network)
 	}
+	// Domains are stored and reported in lower case, as E2B normalizes them.
+	if code, _, raw := do("PUT", "/sandboxes/"+id+"/network", `{"rules":{" API.Example.com":[{"transform":{"headers":{"X-Up":"v"}}}]}}`); code != 204 {
+		t.Fatalf("update with an upper-case domain: %d %s", code, raw)
+	}
+	if rec, _ := m.Get(ctx, id); rec.Network.Rules["api.example.com"].Headers["X-Up"] != "v" || len(rec.Network.Rules) != 1 {
+		t.Errorf("upper-case domain stored as %+v", rec.Network.Rules)
+	}
+	if _, _, raw := do("GET", "/sandboxes/"+id, ""); !strings.Contains(raw, `"api.example.com"`) || strings.Contains(raw, "API") {
+		t.Errorf("upper-case domain reported as %s", raw)
+	}
 	if code, _, raw := do("PUT", "/sandboxes/"+id+"/network", `{}`); code != 204 {
 		t.Fatalf("update: %d %s", code, raw)
 	} else if rec, _ := m.Get(ctx, id); rec.Network.Rules != nil {
@@ -109,6 +119,7 @@ func TestNetworkRulesAPI(t *testing.T) {
 		"secret placeholder": `{"rules":{"a.example":[{"transform":{"headers":{"X":"${e2b.secrets.KEY}"}}}]}}`,
 		"read-back value":    `{"rules":{"a.example":[{"transform":{"headers":{"X":"` + sandbox.RedactedValue + `"}}}]}}`,
 		"two rules":          `{"rules":{"a.example":[{},{}]}}`,
+		"a domain twice":     `{"rules":{"a.example":[],"A.Example":[]}}`,
 		"bad domain":         `{"rules":{"a b":[]}}`,
 		"bad header":         `{"rules":{"a.example":[{"transform":{"headers":{"Bad Name":"v"}}}]}}`,
 		"value not a string": `{"rules":{"a.example":[{"transform":{"headers":{"X":1}}}]}}`,

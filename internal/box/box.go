@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/cleanup"
@@ -229,7 +230,7 @@ func (f *Factory) Prepare(ctx context.Context, rootfs string, limits sandbox.Lim
 // Restore starts a box from a checkpoint image, into shell (a prepared box
 // of the same rootfs and size) if not nil, else into a new one. The image
 // decides the disk size and the process limits: limits must agree (see
-// manager/limits.go). The image is not deleted while it is read
+// manager/source.go). The image is not deleted while it is read
 // (RemoveImage waits). On failure shell is destroyed too.
 func (f *Factory) Restore(ctx context.Context, image, rootfs string, limits sandbox.Limits, shell *Box) (*Box, error) {
 	f.images.acquire(image)
@@ -291,6 +292,33 @@ func (f *Factory) CheckpointRID(ctx context.Context, rid, path string, leaveRunn
 		return err
 	}
 	return nil
+}
+
+// Complete reports whether dir holds a finished checkpoint image.
+func Complete(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "checkpoint.img"))
+	return dir != "" && err == nil
+}
+
+// ImageSize is the bytes an image directory holds of its own. Its
+// base-*.img are the images it references instead of holding their pages
+// (internal/runtime/gvisor/bases.go): hard links to files other images
+// hold, which cost no disk and are not counted, or copies (of an image that
+// was in memory or on another filesystem), which are.
+func ImageSize(dir string) int64 {
+	var n int64
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		fi, err := e.Info()
+		if err != nil {
+			continue
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && strings.HasPrefix(e.Name(), "base-") && st.Nlink > 1 {
+			continue
+		}
+		n += fi.Size()
+	}
+	return n
 }
 
 // ExportFiles writes what b changed in its root filesystem (files written,

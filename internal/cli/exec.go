@@ -15,15 +15,13 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cellfork/cellfork/internal/envd"
 	"github.com/cellfork/cellfork/internal/envd/process"
 	"github.com/cellfork/cellfork/internal/envd/process/processconnect"
 )
 
-const (
-	envdPort = "49983"
-	// killTimeout bounds the SendSignal sent after an interrupted exec.
-	killTimeout = 5 * time.Second
-)
+// killTimeout bounds the SendSignal sent after an interrupted exec.
+const killTimeout = 5 * time.Second
 
 // execOptions is a parsed `cellfork exec` command line.
 type execOptions struct {
@@ -138,7 +136,7 @@ func startRequest(o *execOptions) *process.StartRequest {
 // setEnvdHeaders sets the data-plane routing and auth headers for envd.
 func setEnvdHeaders(h http.Header, id, token, user string) {
 	h.Set("E2b-Sandbox-Id", id)
-	h.Set("E2b-Sandbox-Port", envdPort)
+	h.Set("E2b-Sandbox-Port", strconv.Itoa(envd.Port))
 	if token != "" {
 		h.Set("X-Access-Token", token)
 	}

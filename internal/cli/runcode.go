@@ -9,11 +9,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
-)
 
-const interpreterPort = "49999"
+	"github.com/cellfork/cellfork/internal/envd"
+)
 
 // executeRequest is the body of POST /execute (spec §5); all four keys are
 // always present, null when unset.
@@ -124,7 +125,7 @@ func (c *apiClient) execute(ctx context.Context, id, token string, body executeR
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", userAgent)
 	req.Header.Set("E2b-Sandbox-Id", id)
-	req.Header.Set("E2b-Sandbox-Port", interpreterPort)
+	req.Header.Set("E2b-Sandbox-Port", strconv.Itoa(envd.CodeInterpreterPort))
 	if token != "" {
 		req.Header.Set("X-Access-Token", token)
 	}

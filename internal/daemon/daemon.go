@@ -33,6 +33,7 @@ import (
 	"github.com/cellfork/cellfork/internal/netns"
 	"github.com/cellfork/cellfork/internal/runtime/gvisor"
 	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/snapshots"
 	"github.com/cellfork/cellfork/internal/store"
 	"github.com/cellfork/cellfork/internal/telemetry"
 	"github.com/cellfork/cellfork/internal/template"
@@ -310,7 +311,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, out io.Writer) error
 // is the first), else the host's own build. The database is asked over a
 // connection of its own: an unreachable one leaves the artifact this host
 // pulled before (template.Registry.Share).
-func clusterTemplate(ctx context.Context, cfg Config, tpl *template.Registry, images manager.ImageStore, out io.Writer) error {
+func clusterTemplate(ctx context.Context, cfg Config, tpl *template.Registry, images snapshots.ImageStore, out io.Writer) error {
 	if images != nil {
 		dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		db, err := clusterdb.Open(dctx, cfg.Cluster.URL)

@@ -11,8 +11,8 @@ import (
 
 	"github.com/cellfork/cellfork/internal/chunkstore"
 	"github.com/cellfork/cellfork/internal/errdefs"
-	"github.com/cellfork/cellfork/internal/manager"
 	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/snapshots"
 )
 
 // StoreConfig is where snapshot images go besides the data directory.
@@ -45,7 +45,7 @@ func (c StoreConfig) validate() []error {
 }
 
 // openImages opens the configured chunk store (nil, nil with "none").
-func openImages(ctx context.Context, c StoreConfig, dataDir string, log *slog.Logger) (manager.ImageStore, string, error) {
+func openImages(ctx context.Context, c StoreConfig, dataDir string, log *slog.Logger) (snapshots.ImageStore, string, error) {
 	raw := c.URL
 	switch raw {
 	case "none":

@@ -12,7 +12,7 @@ import (
 	"github.com/cellfork/cellfork/internal/clusterdb"
 	"github.com/cellfork/cellfork/internal/clusterhost"
 	"github.com/cellfork/cellfork/internal/errdefs"
-	"github.com/cellfork/cellfork/internal/manager"
+	"github.com/cellfork/cellfork/internal/snapshots"
 	"github.com/cellfork/cellfork/internal/template"
 	"github.com/cellfork/cellfork/internal/templates"
 	"github.com/cellfork/cellfork/internal/templates/layers"
@@ -22,7 +22,7 @@ import (
 // chunk store, their records in the cluster's database.
 type sharedTemplates struct {
 	member *clusterhost.Member
-	images manager.ImageStore
+	images snapshots.ImageStore
 	tmp    string // scratch space for packed layers
 }
 

@@ -1,11 +1,8 @@
 package manager
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"strings"
 	"time"
@@ -14,7 +11,6 @@ import (
 	"github.com/cellfork/cellfork/internal/cleanup"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
-	"github.com/cellfork/cellfork/internal/template"
 	"github.com/cellfork/cellfork/internal/timing"
 )
 
@@ -77,48 +73,6 @@ func (m *Manager) normalize(req *sandbox.CreateRequest) error {
 		}
 	}
 	return nil
-}
-
-// source is what a new sandbox starts from: a built-in template (its warm
-// image, or a boot if it has none) or a snapshot.
-type source struct {
-	template string // built-in template name; "" for a snapshot
-	snapshot *sandbox.Snapshot
-	rootfs   string
-	image    string // checkpoint to restore; "" = boot
-	// limits are the source's: the template's defaults (its warm image's
-	// disk size among them), or the snapshot's.
-	limits sandbox.Limits
-	// custom is the id of a custom template (custom.go): its warm image
-	// runs its start command, so its disk size is frozen as a snapshot's.
-	custom string
-}
-
-// resolve maps a template id to a source: built-in names and aliases
-// first, then snapshot ids and names.
-func (m *Manager) resolve(ctx context.Context, id string) (source, error) {
-	if name, err := template.Resolve(id); err == nil {
-		rootfs, err := m.tpl.Rootfs(ctx, name, io.Discard)
-		if err != nil {
-			return source{}, err
-		}
-		src := source{template: name, rootfs: rootfs, limits: m.templateLimits(name)}
-		if w, ok := m.pool.Warm(name); ok && w.Rootfs == rootfs {
-			src.image = w.Image
-		}
-		return src, nil
-	}
-	if src, ok, err := m.resolveCustom(ctx, id); ok || err != nil {
-		return src, err
-	}
-	sn, err := m.findSource(ctx, id)
-	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		return source{}, err
-	}
-	if err != nil {
-		return source{}, errdefs.New(errdefs.ErrNotFound, "template or snapshot %q not found (built-in templates: base, code-interpreter-v1)", id)
-	}
-	return source{snapshot: sn, rootfs: sn.Rootfs, image: sn.Image, limits: m.cfg.DefaultLimits.Over(sn.Limits())}, nil
 }
 
 // Create starts a new sandbox from a template or snapshot and returns its
@@ -197,7 +151,7 @@ func (m *Manager) Create(ctx context.Context, req sandbox.CreateRequest) (*sandb
 }
 
 // startBox gets a running box for src with limits: from the pool, from a
-// snapshot's standby, by restore, or by boot (see limits.go for which
+// snapshot's standby, by restore, or by boot (see source.go for which
 // limit allows which).
 func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limits) (*box.Box, string, error) {
 	if src.image != "" && limits.DiskMB != src.limits.DiskMB {
@@ -221,7 +175,7 @@ func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limit
 	defer release()
 	timing.Since(ctx, "queue", t0)
 	if src.snapshot != nil {
-		dir, done, err := m.imageOf(ctx, src.snapshot)
+		dir, done, err := m.snaps.Image(ctx, src.snapshot)
 		if err != nil {
 			return nil, "", err
 		}
@@ -258,32 +212,9 @@ func (m *Manager) adopt(ctx context.Context, rec *sandbox.Sandbox, b *box.Box) (
 	return out, nil
 }
 
-// handOff is what a box of rec gets: its policy, its identity and
-// environment, its limits.
-func (m *Manager) handOff(rec *sandbox.Sandbox) box.HandOff {
-	return box.HandOff{Policy: rec.Network, Envs: sandboxEnvs(rec), Limits: m.limits(rec)}
-}
-
 func orEmpty(m map[string]string) map[string]string {
 	if m == nil {
 		return map[string]string{}
 	}
 	return maps.Clone(m)
-}
-
-// sandboxEnvs is what the agent of rec's box gets as environment
-// variables at hand-off: E2B's identity variables (E2B_SANDBOX,
-// E2B_SANDBOX_ID, E2B_TEMPLATE_ID, E2B_TEAM_ID; the agent also writes them
-// to /run/e2b/.NAME), then the sandbox's own, which win. A box restored from
-// another sandbox's state carries that sandbox's values until it gets
-// these.
-func sandboxEnvs(rec *sandbox.Sandbox) map[string]string {
-	out := map[string]string{
-		"E2B_SANDBOX":     "true",
-		"E2B_SANDBOX_ID":  rec.ID,
-		"E2B_TEMPLATE_ID": rec.TemplateID,
-		"E2B_TEAM_ID":     cmp.Or(rec.Team, "cellfork"), // a single host is one team, as clientID
-	}
-	maps.Copy(out, rec.Envs)
-	return out
 }

@@ -3,17 +3,40 @@ package manager
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/cellfork/cellfork/internal/box"
 )
 
-// tombstoneTTL is how long the reason a sandbox died is remembered.
-const tombstoneTTL = time.Hour
+// How a sandbox ends: killed, dropped, or dead on its own.
+
+// Kill destroys a sandbox and everything it holds.
+func (m *Manager) Kill(ctx context.Context, id string) error {
+	l, err := m.begin(ctx, id, "killing it", running, frozen, spilled)
+	if err != nil {
+		return err
+	}
+	defer l.op.Unlock()
+	b := m.forget(l)
+	return m.teardown(context.WithoutCancel(ctx), l.rec, b)
+}
+
+// Drop kills a sandbox this host must not run any longer (a cluster host's
+// copy of a sandbox that moved on, or over its team's bound), and
+// remembers why, for the id's later callers.
+func (m *Manager) Drop(ctx context.Context, id, why string) {
+	l, err := m.begin(context.Background(), id, "dropping it", running, frozen, spilled)
+	if err != nil {
+		return
+	}
+	defer l.op.Unlock()
+	b := m.forget(l)
+	m.bury(id, "dropped: "+why)
+	m.log.Warn("sandbox dropped", "sandbox.id", id, "why", why)
+	_ = m.teardown(context.WithoutCancel(ctx), l.rec, b)
+}
 
 // watchBox arranges for the sandbox to be torn down, and its death
 // remembered, if b exits while it is the sandbox's running box (a box the
@@ -33,16 +56,8 @@ func (m *Manager) boxExited(l *Live, b *box.Box) {
 	}
 	m.log.Error("sandbox died", "sandbox.id", l.rec.ID, "runtime.id", b.RID, "reason", reason)
 	m.forget(l)
-	m.mu.Lock()
-	m.tombs[l.rec.ID] = tomb{reason: reason, at: time.Now()}
-	m.mu.Unlock()
+	m.bury(l.rec.ID, reason)
 	_ = m.teardown(context.Background(), l.rec, b)
-}
-
-// tomb remembers why a sandbox is gone.
-type tomb struct {
-	reason string
-	at     time.Time
 }
 
 // deathReason reads the sandbox's cgroup: a memory-limit kill is the usual
@@ -67,19 +82,4 @@ func deathReason(rid string) string {
 		f.Close()
 	}
 	return "its gVisor sandbox exited unexpectedly"
-}
-
-// diedMessage is the caller-facing message for a sandbox that died, or "".
-func (m *Manager) diedMessage(id string) string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	t, ok := m.tombs[id]
-	if !ok {
-		return ""
-	}
-	if time.Since(t.at) > tombstoneTTL {
-		delete(m.tombs, id)
-		return ""
-	}
-	return fmt.Sprintf("sandbox %q died at %s: %s", id, t.at.UTC().Format(time.RFC3339), t.reason)
 }

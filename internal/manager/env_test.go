@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 type env struct {
 	t   *testing.T
 	h   *fake.Host
-	st  *store.Store
+	st  *testStore
 	dir string
 	cfg Config
 	m   *Manager
@@ -41,6 +42,51 @@ func (fakeTemplates) WarmKey(name, runtime, boot string) (string, error) { retur
 
 var errInjected = errors.New("injected failure")
 
+// testStore is the env's store, whose deletes and snapshot writes a test
+// can make fail (a sandbox record's write has failpoint.StorePut).
+type testStore struct {
+	*store.Store
+	mu   sync.Mutex
+	fail map[string]error // guarded by mu: method name -> error
+}
+
+// Fail makes every call of the method op fail with err; nil clears it.
+func (s *testStore) Fail(op string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fail == nil {
+		s.fail = map[string]error{}
+	}
+	s.fail[op] = err
+}
+
+func (s *testStore) failing(op string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fail[op]
+}
+
+func (s *testStore) Delete(ctx context.Context, id string) error {
+	if err := s.failing("Delete"); err != nil {
+		return err
+	}
+	return s.Store.Delete(ctx, id)
+}
+
+func (s *testStore) PutSnapshot(ctx context.Context, sn *sandbox.Snapshot) error {
+	if err := s.failing("PutSnapshot"); err != nil {
+		return err
+	}
+	return s.Store.PutSnapshot(ctx, sn)
+}
+
+func (s *testStore) DeleteSnapshot(ctx context.Context, id string) error {
+	if err := s.failing("DeleteSnapshot"); err != nil {
+		return err
+	}
+	return s.Store.DeleteSnapshot(ctx, id)
+}
+
 func testConfig(dir string) Config {
 	lim := sandbox.Limits{CPUCount: 1, MemoryMB: 1024, DiskMB: 512, PidsMax: 512, OpenFiles: 65536}
 	return Config{
@@ -61,7 +107,7 @@ func newEnv(t *testing.T, change func(*Config)) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, h: fake.New(), st: st, dir: dir, cfg: testConfig(dir)}
+	e := &env{t: t, h: fake.New(), st: &testStore{Store: st}, dir: dir, cfg: testConfig(dir)}
 	if change != nil {
 		change(&e.cfg)
 	}

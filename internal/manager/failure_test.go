@@ -157,12 +157,10 @@ func TestMerge(t *testing.T) {
 	e.write(c.ID, "child-work")
 	prid := e.mustGet(p.ID).RuntimeID
 
-	disable := failpoint.Enable(failpoint.StorePut, func() error { return errInjected })
-	_, err = e.m.Merge(context.Background(), p.ID, c.ID)
-	disable()
-	if !errors.Is(err, errInjected) {
-		t.Fatalf("merge with the store failing: %v", err)
-	}
+	e.failEach([]string{failpoint.Init, failpoint.StorePut}, func() error {
+		_, err := e.m.Merge(context.Background(), p.ID, c.ID)
+		return err
+	}, p.ID, c.ID)
 	if e.mustGet(p.ID).RuntimeID != prid || e.memory(c.ID) != "child-work" {
 		t.Error("a failed merge changed the sandboxes")
 	}

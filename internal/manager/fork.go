@@ -17,32 +17,16 @@ import (
 	"github.com/cellfork/cellfork/internal/timing"
 )
 
-// holdSnapshot keeps sn's image on disk until the returned func is called,
-// and checks sn was not deleted before the hold took (DeleteSnapshot drops
-// the record before the image). Another host's snapshot (no Image) needs
-// no hold: its import is the restore's own.
-func (m *Manager) holdSnapshot(ctx context.Context, sn *sandbox.Snapshot) (func(), error) {
-	if sn.Image == "" {
-		return func() {}, nil
-	}
-	release := m.boxes.HoldImage(sn.Image)
-	if _, err := m.st.GetSnapshot(ctx, sn.ID); err != nil {
-		release()
-		return nil, errdefs.New(errdefs.ErrNotFound, "snapshot %q not found", sn.ID)
-	}
-	return release, nil
-}
-
 // Rollback restores the sandbox in place to a snapshot of its tree: same
 // id, same address, the snapshot's state. The new state is started before
 // the old one is dropped, so a failed rollback leaves the sandbox as it was.
 func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.Sandbox, error) {
 	defer m.adm.Busy()()
-	sn, err := m.findSource(ctx, snapshot)
+	sn, err := m.snaps.Source(ctx, snapshot)
 	if err != nil {
 		return nil, err
 	}
-	release, err := m.holdSnapshot(ctx, sn)
+	release, err := m.snaps.Hold(ctx, sn)
 	if err != nil {
 		return nil, err
 	}
@@ -52,7 +36,7 @@ func (m *Manager) Rollback(ctx context.Context, id, snapshot string) (*sandbox.S
 		return nil, err
 	}
 	defer l.op.Unlock()
-	ok, err := m.inTree(ctx, l.rec, sn)
+	ok, err := m.snaps.InTree(ctx, l.rec.ID, l.rec.BaseSnapshot, sn)
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +79,7 @@ func (m *Manager) restoreOrStandby(ctx context.Context, sn *sandbox.Snapshot, li
 		return nil, err
 	}
 	defer release()
-	dir, done, err := m.imageOf(ctx, sn)
+	dir, done, err := m.snaps.Image(ctx, sn)
 	if err != nil {
 		return nil, err
 	}
@@ -211,12 +195,14 @@ func (m *Manager) Merge(ctx context.Context, parentID, childID string) (*sandbox
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is not a fork child of %q", childID, parentID)
 	}
 	cb := c.box
+	// On failure the child keeps its box: it gets its own identity back.
+	cu := cleanup.Make(func() { _ = m.boxes.HandOff(context.WithoutCancel(ctx), cb, m.handOff(c.rec)) })
+	defer cu.Clean()
 	old, err := m.swapBox(ctx, p, cb, func() { p.rec.BaseSnapshot = c.rec.BaseSnapshot })
 	if err != nil {
-		// The child keeps its box; give it its own identity back.
-		_ = m.boxes.HandOff(context.WithoutCancel(ctx), cb, m.handOff(c.rec))
 		return nil, err
 	}
+	cu.Release()
 	c.update(func() { c.box = nil }) // the parent's now
 	m.forget(c)
 	if err := m.st.Delete(ctx, childID); err != nil {
@@ -262,14 +248,16 @@ func (m *Manager) Assume(ctx context.Context, childID, parentID string) (*sandbo
 	rec := cloneRecord(parent)
 	rec.RuntimeID, rec.Rootfs, rec.BaseSnapshot = cb.RID, c.rec.Rootfs, ""
 	rec.PausedImage, rec.PausedRoot = "", ""
+	// On failure the child keeps its box: it gets its own identity back.
+	cu := cleanup.Make(func() { _ = m.boxes.HandOff(context.WithoutCancel(ctx), cb, m.handOff(c.rec)) })
+	defer cu.Clean()
 	if err := m.boxes.HandOff(ctx, cb, m.handOff(rec)); err != nil {
-		_ = m.boxes.HandOff(context.WithoutCancel(ctx), cb, m.handOff(c.rec)) // the child's identity back
 		return nil, err
 	}
 	if err := m.put(ctx, rec); err != nil {
-		_ = m.boxes.HandOff(context.WithoutCancel(ctx), cb, m.handOff(c.rec))
 		return nil, err
 	}
+	cu.Release()
 	c.update(func() { c.box = nil }) // the parent's now
 	m.forget(c)
 	m.register(newLive(rec, cb))

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/box"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/failpoint"
 	"github.com/cellfork/cellfork/internal/sandbox"
@@ -218,7 +219,7 @@ func TestSnapshotUploadsAndImports(t *testing.T) {
 	if got := e.memory(c.ID); got != "before-upload" {
 		t.Errorf("memory %q after the import", got)
 	}
-	if !complete(up.Image) {
+	if !box.Complete(up.Image) {
 		t.Error("the imported image is not in its place")
 	}
 	// A rollback imports too.
@@ -252,7 +253,7 @@ func TestSnapshotUploadsAndImports(t *testing.T) {
 	}
 	// Deleting the snapshot deletes its manifest; collections name the
 	// live roots.
-	if _, err := e.m.CollectStore(context.Background()); err != nil {
+	if _, err := e.m.snaps.CollectStore(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.m.DeleteSnapshot(context.Background(), sn.ID); err != nil {
@@ -265,7 +266,7 @@ func TestSnapshotUploadsAndImports(t *testing.T) {
 	if images.has(up.StoreRoot) {
 		t.Error("a deleted snapshot's manifest stayed in the store")
 	}
-	if _, err := e.m.CollectStore(context.Background()); err != nil {
+	if _, err := e.m.snaps.CollectStore(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	images.mu.Lock()
@@ -394,7 +395,7 @@ func (o otherHost) StoreRoots(context.Context, time.Duration) ([]string, bool, e
 }
 
 func (o otherHost) FindSnapshot(ctx context.Context, team, idOrName string) (*sandbox.Snapshot, error) {
-	sn, err := o.m.findSnapshot(ctx, idOrName)
+	sn, err := o.m.snaps.Find(ctx, idOrName)
 	if err == nil && o.change != nil {
 		o.change(sn)
 	}
@@ -475,7 +476,7 @@ func TestAnotherHostsSnapshot(t *testing.T) {
 	if got := b.memory(c.ID); got != "on-a" {
 		t.Errorf("memory %q after the rollback", got)
 	}
-	if left, _ := os.ReadDir(b.m.importsDir()); len(left) != 0 {
+	if left, _ := os.ReadDir(filepath.Join(b.dir, "imports")); len(left) != 0 {
 		t.Errorf("imports left behind: %v", left)
 	}
 	if _, err := b.m.GetSnapshot(context.Background(), sn.ID); !errors.Is(err, errdefs.ErrNotFound) {
@@ -567,14 +568,16 @@ func TestAssumeMergesAcrossHosts(t *testing.T) {
 	if _, err := b.m.Assume(ctx, stranger.ID, p.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("assume by a sandbox that is not a fork child of it: %v", err)
 	}
-	undo := failpoint.Enable(failpoint.StorePut, func() error { return errors.New("injected") })
-	_, err := b.m.Assume(ctx, c.ID, p.ID)
-	undo()
-	if err == nil {
-		t.Fatal("assume with the store failing succeeded")
-	}
+	b.failEach([]string{failpoint.Init, failpoint.StorePut}, func() error {
+		_, err := b.m.Assume(ctx, c.ID, p.ID)
+		return err
+	}, c.ID)
 	if got := b.memory(c.ID); got != "child" {
 		t.Fatalf("the child after a failed assume: %q", got)
+	}
+	inits := b.h.Inits(c.RuntimeID)
+	if last := inits[len(inits)-1]; last.EnvVars["E2B_SANDBOX_ID"] != c.ID {
+		t.Errorf("after a failed assume the child's agent says it is %s", last.EnvVars["E2B_SANDBOX_ID"])
 	}
 	got, err := b.m.Assume(ctx, c.ID, p.ID)
 	if err != nil {
@@ -674,8 +677,10 @@ func TestClusterCollection(t *testing.T) {
 	}
 	up := e.waitUpload(sn.ID, sandbox.UploadDone)
 	collect := func(o otherHost) error {
-		e.m.cluster = o
-		_, err := e.m.CollectStore(context.Background())
+		e.m.Close()
+		e.cluster = o
+		e.start()
+		_, err := e.m.snaps.CollectStore(context.Background())
 		return err
 	}
 	if err := collect(otherHost{roots: []string{"root-of-another-host"}, round: true}); err != nil {
@@ -713,7 +718,7 @@ func TestUploadsGoOnDuringACollection(t *testing.T) {
 	ctx := context.Background()
 	done := make(chan error, 1)
 	go func() {
-		_, err := e.m.CollectStore(ctx)
+		_, err := e.m.snaps.CollectStore(ctx)
 		done <- err
 	}()
 	var grace time.Duration

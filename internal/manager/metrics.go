@@ -4,111 +4,45 @@ import (
 	"context"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/samples"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
-// Metrics are sampled every metricsEvery (E2B's collection bucket) and kept
-// for metricsKept, so that a range asks for history, as E2B's does.
-const (
-	metricsEvery = 5 * time.Second
-	metricsKept  = time.Hour
-)
+// What the sandboxes use and hold, read for callers, metrics and the
+// cluster. The samples themselves are internal/samples'.
 
 // Metrics returns the sandbox's samples between from and to (zero: its
 // start, and now), oldest first. When the range reaches now and the last
-// sample is older than a bucket, a sample is taken now.
+// sample is older than a fifth of a bucket, a sample is taken now.
 func (m *Manager) Metrics(ctx context.Context, id string, from, to time.Time) ([]sandbox.Metric, error) {
 	l, err := m.lookup(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	if to.IsZero() || to.After(now) {
-		to = now
-	}
 	l.mu.Lock()
-	if from.IsZero() {
-		from = l.rec.StartedAt
-	}
-	last := time.Time{}
-	if n := len(l.history); n > 0 {
-		last = l.history[n-1].At
-	}
+	of := sampled(l)
 	l.mu.Unlock()
-	if !to.Before(now.Add(-metricsEvery)) && now.Sub(last) >= metricsEvery/5 {
-		if err := m.sample(ctx, l); err != nil {
-			return nil, err
-		}
-		to = time.Now() // the range reaches now: it takes the sample just taken
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := []sandbox.Metric{}
-	for _, s := range l.history {
-		if !s.At.Before(from.Truncate(time.Second)) && !s.At.After(to) {
-			out = append(out, s)
-		}
-	}
-	return out, nil
+	return m.samples.Range(ctx, of, from, to)
 }
 
-// sample takes one sample of l now and keeps it. CPU use is averaged since
-// the previous sample (or since start); a sandbox paused on disk uses no
-// CPU or memory.
-func (m *Manager) sample(ctx context.Context, l *Live) error {
-	l.mu.Lock()
-	rec, b, p := cloneRecord(l.rec), l.box, l.phase
-	l.mu.Unlock()
-	s := sandbox.Metric{At: time.Now().UTC(), CPUCount: rec.CPUCount, MemTotal: uint64(rec.MemoryMB) << 20,
-		DiskTotal: uint64(rec.DiskSizeMB) << 20}
-	var st sandbox.Stats
-	if b != nil && p != dead {
-		var err error
-		if st, err = m.boxes.Stats(ctx, b); err != nil {
-			return err
-		}
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if b != nil {
-		since := l.lastAt
-		if since.IsZero() {
-			since = rec.StartedAt
-		}
-		if wall := s.At.Sub(since); wall > 0 && st.CPUUsage >= l.lastCPU {
-			s.CPUUsedPct = min(max(100*float64(st.CPUUsage-l.lastCPU)/float64(wall)/float64(rec.CPUCount), 0), 100)
-		}
-		l.lastCPU, l.lastAt = st.CPUUsage, s.At
-		// The root overlay lives in sandbox memory: disk is memory.
-		s.MemUsed, s.MemCache, s.DiskUsed = st.MemoryBytes, st.MemoryCache, st.MemoryCache
-	}
-	l.history = append(l.history, s)
-	if cut := len(l.history) - int(metricsKept/metricsEvery); cut > 0 {
-		l.history = append(l.history[:0:0], l.history[cut:]...)
-	}
-	return nil
+// sampled is what a sample needs of l. Caller holds l.mu.
+func sampled(l *Live) samples.Of {
+	return samples.Of{ID: l.rec.ID, Box: l.box, StartedAt: l.rec.StartedAt, CPUCount: l.rec.CPUCount,
+		MemoryMB: l.rec.MemoryMB, DiskMB: l.rec.DiskSizeMB}
 }
 
-// sampleLoop samples every running sandbox each metricsEvery until the
-// manager closes.
-func (m *Manager) sampleLoop() {
-	t := time.NewTicker(metricsEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-m.closing:
-			return
-		case <-t.C:
+// running lists what the sampler samples every bucket: the running
+// sandboxes.
+func (m *Manager) running() []samples.Of {
+	var out []samples.Of
+	for _, l := range m.lives() {
+		l.mu.Lock()
+		if l.phase == running {
+			out = append(out, sampled(l))
 		}
-		for _, l := range m.lives() {
-			l.mu.Lock()
-			running := l.phase == running
-			l.mu.Unlock()
-			if running {
-				_ = m.sample(context.Background(), l)
-			}
-		}
+		l.mu.Unlock()
 	}
+	return out
 }
 
 // Usage is what the host's sandboxes hold: how many, the memory of those
@@ -134,4 +68,78 @@ func (m *Manager) Usage() Usage {
 	}
 	u.Starting = m.adm.Pending()
 	return u
+}
+
+// Stats is a cheap summary of what the manager holds, for metrics and the
+// dashboard: it takes each lock briefly and copies no records.
+type Stats struct {
+	Sandboxes []SandboxStat
+	// Pool: ready sandboxes per template and shells, with their targets.
+	PoolReady       map[string]int
+	PoolReadyTarget int
+	PoolShells      int
+	PoolShellTarget int
+	// Standbys: snapshots that keep one (StandbyMax at most), and how many
+	// of them have it restored and frozen now.
+	Standbys      int
+	StandbysReady int
+	StandbyMax    int
+	// Admission: starts running and waiting, and the bounds on both.
+	StartsRunning int
+	StartsWaiting int
+	StartSlots    int
+	StartQueue    int
+}
+
+// SandboxStat is one sandbox's part of Stats.
+type SandboxStat struct {
+	State      sandbox.State
+	TemplateID string // as the caller asked for it
+	CPUCount   int
+	MemoryMB   int
+	OnDisk     bool // paused with its state on disk (no memory held)
+}
+
+// Stats returns the manager's current levels.
+func (m *Manager) Stats(context.Context) Stats {
+	lives := m.lives()
+	st := Stats{Sandboxes: make([]SandboxStat, 0, len(lives))}
+	for _, l := range lives {
+		l.mu.Lock()
+		if l.phase != dead {
+			st.Sandboxes = append(st.Sandboxes, SandboxStat{State: l.rec.State, TemplateID: l.rec.TemplateID,
+				CPUCount: l.rec.CPUCount, MemoryMB: l.rec.MemoryMB, OnDisk: l.phase == spilled})
+		}
+		l.mu.Unlock()
+	}
+	ps := m.pool.Stats()
+	st.PoolReady, st.PoolShells = ps.Ready, ps.Shells
+	st.PoolReadyTarget, st.PoolShellTarget, st.StandbyMax = m.cfg.PoolReady, m.cfg.PoolShells, m.cfg.StandbySnapshots
+	st.Standbys = len(ps.Standbys)
+	for _, ready := range ps.Standbys {
+		st.StandbysReady += ready
+	}
+	st.StartsRunning, st.StartsWaiting, st.StartSlots, st.StartQueue = m.adm.Levels()
+	return st
+}
+
+// EgressDenied returns the refusal counts of every box a sandbox runs in,
+// by runtime id (a rollback's new box starts from zero). It reads each
+// box's counters from the kernel: call it from a background sampler, not
+// on a request's path.
+func (m *Manager) EgressDenied(context.Context) map[string]samples.EgressDenials {
+	lives := m.lives()
+	out := make(map[string]samples.EgressDenials, len(lives))
+	for _, l := range lives {
+		l.mu.Lock()
+		b := l.box
+		l.mu.Unlock()
+		if b == nil {
+			continue
+		}
+		if d, err := samples.Egress(b.Net); err == nil { // else destroyed meanwhile
+			out[b.RID] = d
+		}
+	}
+	return out
 }

@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 
+	"github.com/cellfork/cellfork/internal/cleanup"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
@@ -39,19 +40,20 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, n sandbox.Networ
 			return err
 		}
 	}
+	old := l.rec.Network
+	var cu cleanup.Cleanup
+	defer cu.Clean()
 	if l.box != nil {
 		if err := m.boxes.SetPolicy(l.box, n); err != nil {
 			return err
 		}
+		cu.Add(func() { _ = m.boxes.SetPolicy(l.box, old) })
 	}
-	old := l.rec.Network
 	l.update(func() { l.rec.Network = n.Clone() })
+	cu.Add(func() { l.update(func() { l.rec.Network = old }) })
 	if err := m.put(ctx, l.rec); err != nil {
-		l.update(func() { l.rec.Network = old })
-		if l.box != nil {
-			_ = m.boxes.SetPolicy(l.box, old)
-		}
 		return err
 	}
+	cu.Release()
 	return nil
 }

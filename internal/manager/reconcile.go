@@ -9,9 +9,50 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/box"
 	"github.com/cellfork/cellfork/internal/envd"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
+
+// A daemon's start and stop: Reconcile with what runs, Start, Close.
+
+// Start starts the pool's refills, the samples and the uploads, and warms
+// the built-in template (internal/warm).
+func (m *Manager) Start(ctx context.Context) error {
+	m.pool.Start()
+	m.loops.Go(func() { m.samples.Run(m.closing, m.running) })
+	m.requeuePausedUploads(ctx)
+	m.snaps.Start(ctx)
+	w, err := m.warm.Warm(ctx, "base", m.templateLimits("base"))
+	if err != nil {
+		// Creates still work: they boot instead of restoring.
+		m.log.Error("no warm image; creates will boot", "template", "base", "err", err)
+		return nil
+	}
+	m.pool.SetWarm("base", w)
+	m.snaps.Remember(w.Image)
+	return nil
+}
+
+// Close stops the timers and the pool (destroying pooled boxes). Sandboxes
+// keep running; the next daemon adopts them.
+func (m *Manager) Close() {
+	close(m.closing)
+	m.snaps.Close()
+	m.loops.Wait()
+	m.pool.Close()
+	m.boxes.Close()
+	for _, l := range m.lives() {
+		l.mu.Lock()
+		if l.timer != nil {
+			l.timer.Stop()
+		}
+		if l.box != nil {
+			m.boxes.Release(l.box)
+		}
+		l.mu.Unlock()
+	}
+}
 
 // Reconcile makes the daemon's view match reality after a start: it adopts
 // sandboxes that are recorded and still there (running, frozen, or paused
@@ -42,8 +83,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	removeUnknown(filepath.Join(m.cfg.DataDir, "paused"), func(p string) bool { return keep[p] })
 	removeUnknown(filepath.Join(m.cfg.DataDir, "forks"), func(string) bool { return false })
 	removeUnknown(m.forkDir(), func(string) bool { return false })
-	removeUnknown(m.forkDir(), func(string) bool { return false })
-	errs = append(errs, m.reconcileSnapshots(ctx))
+	errs = append(errs, m.snaps.Reconcile(ctx))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("reconciling: %w", err)
 	}
@@ -60,39 +100,9 @@ func removeUnknown(dir string, keep func(path string) bool) {
 	}
 }
 
-// reconcileSnapshots drops records whose image is gone (unless the chunk
-// store holds it: it is imported when used) and images (or half-written
-// or half-imported ones) without a record.
-func (m *Manager) reconcileSnapshots(ctx context.Context) error {
-	all, err := m.st.ListSnapshots(ctx)
-	if err != nil {
-		return err
-	}
-	keep := map[string]bool{}
-	for _, sn := range all {
-		if !complete(sn.Image) && m.images != nil && sn.Upload == sandbox.UploadDone {
-			continue
-		}
-		if !complete(sn.Image) {
-			m.log.Warn("removing snapshot whose image is gone", "snapshot.id", sn.ID)
-			_ = m.st.DeleteSnapshot(ctx, sn.ID)
-			continue
-		}
-		keep[sn.Image] = true
-	}
-	removeUnknown(filepath.Join(m.cfg.DataDir, "snapshots"), func(p string) bool { return keep[p] })
-	return nil
-}
-
 func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
-}
-
-// complete reports whether dir holds a finished checkpoint image.
-func complete(dir string) bool {
-	_, err := os.Stat(filepath.Join(dir, "checkpoint.img"))
-	return dir != "" && err == nil
 }
 
 // adoptRecord takes over a recorded sandbox that is still there, trusting
@@ -102,7 +112,7 @@ func complete(dir string) bool {
 func (m *Manager) adoptRecord(ctx context.Context, rec *sandbox.Sandbox) bool {
 	if rec.State == sandbox.StatePaused {
 		img := cmp.Or(rec.PausedImage, m.pausedDir(rec.ID))
-		if complete(img) || rec.PauseMode == sandbox.PauseFiles && fileExists(filepath.Join(img, upperTar)) {
+		if box.Complete(img) || rec.PauseMode == sandbox.PauseFiles && fileExists(filepath.Join(img, upperTar)) {
 			if rec.PausedImage == "" {
 				rec.PausedImage = img
 				_ = m.st.Put(ctx, rec)

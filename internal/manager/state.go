@@ -56,13 +56,10 @@ type Live struct {
 	op sync.Mutex
 	mu sync.Mutex
 
-	phase   phase
-	rec     *sandbox.Sandbox
-	box     *box.Box // nil while spilled
-	timer   *time.Timer
-	history []sandbox.Metric // metrics.go: samples, oldest first
-	lastCPU time.Duration    // CPU used at the last sample
-	lastAt  time.Time
+	phase phase
+	rec   *sandbox.Sandbox
+	box   *box.Box // nil while spilled
+	timer *time.Timer
 }
 
 func newLive(rec *sandbox.Sandbox, b *box.Box) *Live {
@@ -132,6 +129,18 @@ func (l *Live) require(doing string, allowed ...phase) error {
 		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is paused: resume it before %s", id, doing)
 	}
 	return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q is %s: %s is not possible now", id, l.phase, doing)
+}
+
+// endpoint returns l's endpoint (Transport and Alive only while it runs)
+// and phase.
+func (l *Live) endpoint() (sandbox.Endpoint, phase) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ep := sandbox.Endpoint{Sandbox: cloneRecord(l.rec)}
+	if l.phase == running {
+		ep.Transport, ep.Alive = l.box.Transport, l.box.Alive()
+	}
+	return ep, l.phase
 }
 
 func cloneRecord(r *sandbox.Sandbox) *sandbox.Sandbox {

@@ -3,43 +3,34 @@ package manager
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
-	"github.com/cellfork/cellfork/internal/timing"
+	"github.com/cellfork/cellfork/internal/snapshots"
 )
 
 // Paused sandboxes that travel (a cluster: Deps.Cluster). A sandbox paused
 // to disk has its image exported to the chunk store after the pause
-// answers (the uploads queue, retried), and the image's root recorded on
-// it (PausedRoot), which its row shows. When its host is lost or drained,
-// a gateway moves the row to another host (clusterdb.Move), which adopts
-// it on the first connect (adoptMoved): the image imported from the store
-// into its paused directory, the sandbox paused here under the same id,
-// with the same access token (tokens derive from the id).
-
-// pausedUpload is the uploads queue's entry for a paused sandbox's image.
-const pausedUpload = "paused/"
+// answers (internal/snapshots' upload queue, retried), and the image's
+// root recorded on it (PausedRoot), which its row shows; another host the
+// cluster moves it to adopts it on first use (adoptMoved, live.go).
 
 // queuePausedUpload queues the export of a sandbox's paused image (in a
 // cluster; a single host keeps it on its disk only).
 func (m *Manager) queuePausedUpload(id string) {
-	if m.cluster != nil && m.images != nil {
-		m.up.push(pausedUpload + id)
+	if m.cluster == nil || m.images == nil {
+		return
 	}
+	m.snaps.Queue(snapshots.Job{What: "paused sandbox", ID: id, Try: func(ctx context.Context) (bool, error) {
+		return m.uploadPausedOnce(ctx, id)
+	}})
 }
 
 // uploadPausedOnce exports a paused sandbox's image and records its root;
 // done reports that no other attempt is needed (resumed or killed
 // meanwhile, uploaded, or an image the store refuses for good).
 func (m *Manager) uploadPausedOnce(ctx context.Context, id string) (done bool, err error) {
-	m.up.exclusive.Lock()
-	defer m.up.exclusive.Unlock()
 	l, err := m.begin(ctx, id, "uploading its paused image", spilled)
 	if err != nil {
 		return true, nil // resumed, killed or gone
@@ -74,7 +65,7 @@ func (m *Manager) uploadPausedOnce(ctx context.Context, id string) (done bool, e
 // requeuePausedUploads queues the paused images a previous daemon left
 // unexported.
 func (m *Manager) requeuePausedUploads(ctx context.Context) {
-	if m.cluster == nil {
+	if m.cluster == nil || m.images == nil {
 		return
 	}
 	recs, err := m.st.List(ctx)
@@ -89,52 +80,68 @@ func (m *Manager) requeuePausedUploads(ctx context.Context) {
 	}
 }
 
-// adoptMoved takes over a paused sandbox the cluster moved to this host:
-// its image imported from the store (phase "import"), its record stored
-// here, which writes its row (the row names this host now). ErrNotFound if
-// the cluster moved no such sandbox here.
-func (m *Manager) adoptMoved(ctx context.Context, id string) error {
-	if m.cluster == nil || m.images == nil {
-		return errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+// RecheckRoots uploads again the images of this host's paused sandboxes
+// and snapshots whose manifest the chunk store no longer holds, retrying
+// while the store does not answer. A cluster host calls it once its rows
+// are written after it (re)joined: a host away for longer than the
+// store's grace period may hold a root its rows never named (it died
+// between an upload and its row write), which the cluster's collection
+// then deleted; the image is still on this host's disk, and an export of
+// it writes the same root again.
+func (m *Manager) RecheckRoots(ctx context.Context) {
+	if m.images == nil {
+		return
 	}
-	lock := m.up.importLock(pausedUpload + id)
-	lock.Lock()
-	defer lock.Unlock()
-	if m.exists(id) {
-		return nil // adopted by a connect meanwhile
+	for wait := time.Second; ; wait = min(2*wait, 5*time.Minute) {
+		err := m.recheckPaused(ctx)
+		if err == nil {
+			err = m.snaps.RecheckRoots(ctx)
+		}
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		m.log.Debug("rechecking the chunk store's roots deferred", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.closing:
+			return
+		case <-time.After(wait):
+		}
 	}
-	rec, err := m.cluster.MovedHere(ctx, id)
-	if err != nil {
-		return err
-	}
-	if rec.State != sandbox.StatePaused || rec.PausedRoot == "" || !sandbox.Sees(ctx, rec.Team) {
-		return errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
-	}
-	if rec.Rootfs, err = m.localRoot(ctx, rec.Team, fmt.Sprintf("sandbox %q", id), rec.Rootfs); err != nil {
-		return err
-	}
-	dir := m.pausedDir(id)
-	os.RemoveAll(dir) // a copy of a time it lived here before
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return err
-	}
-	t0 := time.Now()
-	fetched, err := m.images.Import(ctx, rec.PausedRoot, dir)
-	timing.Since(ctx, "import", t0)
-	if err != nil {
-		os.RemoveAll(dir)
-		return m.importError(fmt.Sprintf("sandbox %q", id), rec.PausedRoot, err)
-	}
-	rec.PausedImage, rec.RuntimeID, rec.State = dir, "", sandbox.StatePaused
-	if err := m.put(ctx, rec); err != nil {
-		os.RemoveAll(dir)
-		return err
-	}
-	m.register(newLive(rec, nil))
-	m.log.Info("paused sandbox moved to this host", "sandbox.id", id, "fetched_bytes", fetched, "ms", time.Since(t0).Milliseconds())
-	return nil
 }
 
-// isPausedUpload reports whether a queue entry is a paused sandbox's, and
-// its id.
-func isPausedUpload(entry string) (string, bool) { return strings.CutPrefix(entry, pausedUpload) }
+// recheckPaused is RecheckRoots for the paused sandboxes.
+func (m *Manager) recheckPaused(ctx context.Context) error {
+	recs, err := m.st.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, rec := range recs {
+		if rec.State != sandbox.StatePaused || rec.PausedRoot == "" || rec.PausedImage == "" {
+			continue
+		}
+		if ok, err := m.images.Has(ctx, rec.PausedRoot); err != nil || ok {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		l, err := m.begin(ctx, rec.ID, "uploading its paused image again", spilled)
+		if err != nil {
+			continue // resumed or killed meanwhile
+		}
+		if l.rec.PausedRoot == rec.PausedRoot {
+			l.update(func() { l.rec.PausedRoot = "" })
+			if err := m.put(ctx, l.rec); err != nil {
+				l.update(func() { l.rec.PausedRoot = rec.PausedRoot })
+				l.op.Unlock()
+				return err
+			}
+			m.log.Warn("a paused sandbox's image was missing from the chunk store; uploading it again", "sandbox.id", rec.ID, "root", rec.PausedRoot)
+			m.queuePausedUpload(rec.ID)
+		}
+		l.op.Unlock()
+	}
+	return nil
+}

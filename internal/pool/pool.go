@@ -10,7 +10,8 @@
 //     or rollback from it;
 //   - admission (admission.go): a bound on concurrent starts, a queue with a
 //     deadline, and the rule that background refills run only while no
-//     request starts or checkpoints a box.
+//     request starts or checkpoints a box;
+//   - template builds' boxes (build.go), started under admission.
 //
 // It depends on the box factory only; it knows nothing of sandboxes.
 package pool

@@ -12,8 +12,9 @@ import (
 // when a domain type does. Each carries its version. Version 0 is what
 // daemons before records wrote (the domain structs, untagged), which has
 // the same keys: it decodes as version 1. A change that cannot keep the
-// keys adds version 2 and its migration here, and a golden record of every
-// older version in testdata/ (records_test.go reads them).
+// keys adds version 2 and its migration here, and a golden record of it
+// in testdata/ beside those of every older version (records_test.go reads
+// them all, and checks that this release writes its own version's bytes).
 const recordVersion = 1
 
 type sandboxRecord struct {

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -146,5 +147,62 @@ func TestSnapshotUploadRecords(t *testing.T) {
 	_ = st.db.QueryRow(`SELECT doc FROM snapshots WHERE id = 'plain'`).Scan(&doc)
 	if strings.Contains(doc, "Upload") || strings.Contains(doc, "StoreRoot") {
 		t.Errorf("a record without an upload has its keys: %s", doc)
+	}
+}
+
+// The records this release writes (version 1, every field set) read back
+// whole from their golden files (testdata/*-v1.json), and this release
+// writes exactly those bytes: a change to the encoding fails here, and
+// wants a new version, its migration, and a golden file of its own
+// beside these.
+func TestRecordsOfThisReleaseRead(t *testing.T) {
+	st, err := Open(filepath.Join(t.TempDir(), "s.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	t0 := time.Date(2026, 11, 27, 9, 30, 0, 987654321, time.UTC)
+	n := sandbox.Network{AllowOut: []string{"pypi.org", "10.0.0.0/8"}, DenyOut: []string{"0.0.0.0/0"}, DNSServers: []string{"1.1.1.1"},
+		Rules:           map[string]sandbox.Transform{"api.example.com": {Headers: map[string]string{"Authorization": "Bearer x"}}, "*.example.org": {}},
+		MaskRequestHost: "${PORT}-app.example.com"}
+	wantSB := &sandbox.Sandbox{ID: "h1r7k2m9q4w8x3c6v5b0", Team: "team-a", TemplateID: "code-interpreter-v1", RuntimeID: "9f8e7d6c5b4a39281706f5e4",
+		State: sandbox.StatePaused, StartedAt: t0, EndAt: t0.Add(time.Hour), Metadata: map[string]string{"user": "ada"},
+		Envs: map[string]string{"FOO": "bar"}, CPUCount: 2, MemoryMB: 2048, DiskSizeMB: 1024, PidsMax: 256, OpenFiles: 4096,
+		AccessToken: "ffeeddccbbaa99887766554433221100", OnTimeout: "pause", AutoResume: false, AutoPauseFiles: true,
+		Rootfs: "/var/lib/cellfork/templates/base/7a89e37580afabbe/rootfs", ParentID: "p2n7c4x9w1q5m8k3z6b0",
+		BaseSnapshot: "snapcccccccccccccccc", PausedImage: "/var/lib/cellfork/paused/h1r7k2m9q4w8x3c6v5b0",
+		PausedRoot: strings.Repeat("cd", 32), PauseMode: sandbox.PauseFiles, BootMode: "restore", Network: n}
+	wantSN := &sandbox.Snapshot{ID: "snapdddddddddddddddd", Team: "team-a", Names: []string{"team/v1"}, ParentID: "snapcccccccccccccccc",
+		SandboxID: "h1r7k2m9q4w8x3c6v5b0", TemplateID: "base", Rootfs: "/var/lib/cellfork/templates/base/7a89e37580afabbe/rootfs",
+		Image: "/var/lib/cellfork/snapshots/snapdddddddddddddddd", SizeBytes: 12582912, CreatedAt: t0,
+		Envs: map[string]string{"FOO": "bar"}, CPUCount: 1, MemoryMB: 1024, DiskMB: 512, PidsMax: 512, OpenFiles: 65536, Network: n,
+		Upload: sandbox.UploadFailed, StoreRoot: strings.Repeat("ef", 32), UploadError: "its image is corrupt",
+		Runtime: "v0.0.0-20260905035102-160fafc42237+cellfork.eb428616a75f+base.0123456789abcdef"}
+	golden := func(table, file string) []byte {
+		t.Helper()
+		doc, err := os.ReadFile(filepath.Join("testdata", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc = bytes.TrimSpace(doc)
+		if _, err := st.db.Exec(`INSERT INTO `+table+` (id, doc) VALUES ('v1', ?)`, string(doc)); err != nil {
+			t.Fatal(err)
+		}
+		return doc
+	}
+	doc := golden("sandboxes", "sandbox-v1.json")
+	if sb, err := st.Get(ctx, "v1"); err != nil || !reflect.DeepEqual(sb, wantSB) {
+		t.Errorf("v1 sandbox record read as\n%+v, %v\nwant\n%+v", sb, err, wantSB)
+	}
+	if enc, err := EncodeSandbox(wantSB); err != nil || !bytes.Equal(enc, doc) {
+		t.Errorf("this release writes the sandbox as\n%s\nnot as its golden file\n%s", enc, doc)
+	}
+	doc = golden("snapshots", "snapshot-v1.json")
+	if sn, err := st.GetSnapshot(ctx, "v1"); err != nil || !reflect.DeepEqual(sn, wantSN) {
+		t.Errorf("v1 snapshot record read as\n%+v, %v\nwant\n%+v", sn, err, wantSN)
+	}
+	if enc, err := EncodeSnapshot(wantSN); err != nil || !bytes.Equal(enc, doc) {
+		t.Errorf("this release writes the snapshot as\n%s\nnot as its golden file\n%s", enc, doc)
 	}
 }

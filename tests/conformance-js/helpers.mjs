@@ -24,11 +24,12 @@ export const RUN_TAG = { 'cellfork-conformance-js': randomUUID().slice(0, 12) }
 const made = []
 
 // sandbox creates a sandbox (killed after the file's tests) of template
-// (the default one without); opts go to Sandbox.create.
-export async function sandbox(opts = {}, template) {
+// (the class's default one without); opts go to cls.create, cls is e2b's
+// Sandbox or a subclass (@e2b/code-interpreter's).
+export async function sandbox(opts = {}, template, cls = Sandbox) {
   env()
   const o = { timeoutMs: 180_000, ...opts, metadata: { ...RUN_TAG, ...opts.metadata } }
-  const sbx = await (template ? Sandbox.create(template, o) : Sandbox.create(o))
+  const sbx = await (template ? cls.create(template, o) : cls.create(o))
   made.push(sbx)
   return sbx
 }
@@ -36,6 +37,23 @@ export async function sandbox(opts = {}, template) {
 after(async () => {
   await Promise.allSettled(made.map((s) => s.kill()))
 })
+
+// api calls the daemon's control plane with the suite's key, for what the
+// SDK does not show (a field it drops, a request it refuses to send).
+export async function api(method, path, body) {
+  const res = await fetch(`${env().apiUrl}${path}`, {
+    method,
+    headers: { 'X-API-KEY': process.env.E2B_API_KEY, ...(body ? { 'Content-Type': 'application/json' } : {}) },
+    body: body ? JSON.stringify(body) : undefined,
+  })
+  const text = await res.text()
+  let json = null
+  try { json = text ? JSON.parse(text) : null } catch { json = text }
+  return { status: res.status, body: json }
+}
+
+// sleep waits ms milliseconds.
+export const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 
 // unique returns a fresh relative name.
 export function unique(prefix = 'js') {

@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url'
 
 import { BuildError, Template, waitForPort } from 'e2b'
 
-import { env, sandbox, unique, waitUntil } from './helpers.mjs'
+import { api, env, sandbox, unique, waitUntil } from './helpers.mjs'
 import { startRegistry } from './registry.mjs'
 
 const T = { timeout: 300_000 }
@@ -43,13 +43,6 @@ async function build(template, name, opts = {}) {
     e.logs = logs
     throw e
   }
-}
-
-// api calls the daemon's API with the suite's key.
-async function api(method, p) {
-  const res = await fetch(`${env().apiUrl}${p}`, { method, headers: { 'X-API-KEY': process.env.E2B_API_KEY } })
-  const text = await res.text()
-  return { status: res.status, body: text ? JSON.parse(text) : null }
 }
 
 // get GETs p from a sandbox's port through the daemon, routed as E2B's

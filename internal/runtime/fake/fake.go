@@ -64,7 +64,8 @@ func (h *Host) Networks() Networks { return Networks{h} }
 func (h *Host) Agent() Agent { return Agent{h} }
 
 // Fail makes every call of op (a Runtime or Networks method name, e.g.
-// "Restore", "Create", or an Agent's "Init") fail with err; nil clears it.
+// "Restore", "Create", a Net's "SetPolicy", or an Agent's "Init") fail
+// with err; nil clears it.
 func (h *Host) Fail(op string, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -451,6 +452,12 @@ func (n *Net) Dial(context.Context, int) (net.Conn, error) {
 
 // SetPolicy records the policy.
 func (n *Net) SetPolicy(p sandbox.Policy) error {
+	n.h.mu.Lock()
+	err := n.h.failing("SetPolicy")
+	n.h.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.policy, n.set = p, true

@@ -1,11 +1,17 @@
 package manager
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
+	"github.com/cellfork/cellfork/internal/template"
 )
+
+// What a new sandbox starts from, and with which limits.
 
 // How each limit reaches a sandbox, whatever path starts it:
 //
@@ -30,18 +36,62 @@ import (
 //     snapshot had. The host's pids cgroup, which bounds gVisor's own
 //     threads, is resized to match.
 
-// templateLimits returns the default limits of a built-in template.
-func (m *Manager) templateLimits(name string) sandbox.Limits {
-	if l, ok := m.cfg.TemplateLimits[name]; ok {
-		return l
-	}
-	return m.cfg.DefaultLimits
+// source is what a new sandbox starts from: a built-in template (its warm
+// image, or a boot if it has none) or a snapshot.
+type source struct {
+	template string // built-in template name; "" for a snapshot
+	snapshot *sandbox.Snapshot
+	rootfs   string
+	image    string // checkpoint to restore; "" = boot
+	// limits are the source's: the template's defaults (its warm image's
+	// disk size among them), or the snapshot's.
+	limits sandbox.Limits
+	// custom is the id of a custom template (CustomTemplates): its warm image
+	// runs its start command, so its disk size is frozen as a snapshot's.
+	custom string
 }
 
-// limits returns a sandbox's limits, filling from the defaults what a
-// record of an older daemon lacks.
-func (m *Manager) limits(rec *sandbox.Sandbox) sandbox.Limits {
-	return m.cfg.DefaultLimits.Over(rec.Limits())
+// resolve maps a template id to a source: built-in names and aliases
+// first, then snapshot ids and names.
+func (m *Manager) resolve(ctx context.Context, id string) (source, error) {
+	if name, err := template.Resolve(id); err == nil {
+		rootfs, err := m.tpl.Rootfs(ctx, name, io.Discard)
+		if err != nil {
+			return source{}, err
+		}
+		src := source{template: name, rootfs: rootfs, limits: m.templateLimits(name)}
+		if w, ok := m.pool.Warm(name); ok && w.Rootfs == rootfs {
+			src.image = w.Image
+		}
+		return src, nil
+	}
+	if src, ok, err := m.resolveCustom(ctx, id); ok || err != nil {
+		return src, err
+	}
+	sn, err := m.snaps.Source(ctx, id)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return source{}, err
+	}
+	if err != nil {
+		return source{}, errdefs.New(errdefs.ErrNotFound, "template or snapshot %q not found (built-in templates: base, code-interpreter-v1)", id)
+	}
+	return source{snapshot: sn, rootfs: sn.Rootfs, image: sn.Image, limits: m.cfg.DefaultLimits.Over(sn.Limits())}, nil
+}
+
+// resolveCustom maps id to a custom template's source; ok is false when id
+// names none.
+func (m *Manager) resolveCustom(ctx context.Context, id string) (source, bool, error) {
+	if m.custom == nil {
+		return source{}, false, nil
+	}
+	t, err := m.custom.ResolveTemplate(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return source{}, false, nil
+	}
+	if err != nil {
+		return source{}, false, err
+	}
+	return source{template: t.Key, rootfs: t.Rootfs, image: t.Image, limits: m.cfg.DefaultLimits.Over(t.Limits), custom: id}, true, nil
 }
 
 // createLimits layers a create's limits over what its source gives and

@@ -1,4 +1,4 @@
-package manager
+package warm
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/envd"
+	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
 // The first restore of an image records which of its pages the sandbox
@@ -34,25 +35,24 @@ const warmupSettle = 300 * time.Millisecond
 // recordWorkingSet restores the warm image just built into a throwaway
 // sandbox, hands it off as a pool refill does and runs warmupCode in its
 // default code context. Best effort: a failure costs only the prefetch.
-func (m *Manager) recordWorkingSet(ctx context.Context, name, rootfs, image string) {
+func (m *Maker) recordWorkingSet(ctx context.Context, name, rootfs, image string, limits sandbox.Limits) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	t0 := time.Now()
-	if err := m.warmup(ctx, name, rootfs, image); err != nil {
-		m.log.Warn("warm image's first request failed: its working set is what it recorded until then", "template", name, "err", err)
+	if err := m.warmup(ctx, rootfs, image, limits); err != nil {
+		m.d.Log.Warn("warm image's first request failed: its working set is what it recorded until then", "template", name, "err", err)
 		return
 	}
-	m.log.Info("warm image's working set recorded", "template", name, "ms", time.Since(t0).Milliseconds())
+	m.d.Log.Info("warm image's working set recorded", "template", name, "ms", time.Since(t0).Milliseconds())
 }
 
-func (m *Manager) warmup(ctx context.Context, name, rootfs, image string) error {
-	limits := m.templateLimits(name)
-	b, err := m.boxes.Restore(ctx, image, rootfs, limits, nil)
+func (m *Maker) warmup(ctx context.Context, rootfs, image string, limits sandbox.Limits) error {
+	b, err := m.d.Boxes.Restore(ctx, image, rootfs, limits, nil)
 	if err != nil {
 		return err
 	}
-	defer m.boxes.Destroy(context.WithoutCancel(ctx), b)
-	if err := m.boxes.Ready(ctx, b, limits); err != nil {
+	defer m.d.Boxes.Destroy(context.WithoutCancel(ctx), b)
+	if err := m.d.Boxes.Ready(ctx, b, limits); err != nil {
 		return err
 	}
 	body := fmt.Sprintf(`{"code": %q}`, warmupCode)
