@@ -57,3 +57,45 @@ func TestCacheEvictsLeastRecentlyUsed(t *testing.T) {
 		t.Fatal("a vanished file was a hit")
 	}
 }
+
+// An object put behind is found at once; one removed before its write
+// (found bad) is not written, and past behindMax a put writes at once.
+func TestCachePutBehind(t *testing.T) {
+	dir := t.TempDir()
+	c, err := OpenCache(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	behindHold = func(string) { <-release }
+	defer func(old int64) { behindMax = old }(behindMax)
+	behindMax = 2500
+	obj := func(i byte) []byte { return bytes.Repeat([]byte{i}, 1000) }
+	key := func(i byte) string { return ChunkKey(Sum(obj(i))) }
+	c.putBehind(key(1), obj(1))
+	c.putBehind(key(2), obj(2))
+	c.putBehind(key(3), obj(3)) // past behindMax: written now
+	if got, ok := c.read(key(1), nil); !ok || !bytes.Equal(got, obj(1)) {
+		t.Fatal("an object held behind was not read")
+	}
+	dst := make([]byte, 1000)
+	if ok, bad := c.readInto(key(2), dst); !ok || bad || !bytes.Equal(dst, obj(2)) {
+		t.Fatal("an object held behind was not read into a buffer")
+	}
+	if st := c.Stats(); st.Behind != 2 || st.BehindBytes != 2000 || st.Objects != 1 {
+		t.Fatalf("held: %+v", st)
+	}
+	c.remove(key(2))
+	if c.has(key(2)) {
+		t.Fatal("a removed object is still held")
+	}
+	close(release)
+	c.Flush()
+	behindHold = nil
+	if st := c.Stats(); st.Behind != 0 || st.Objects != 2 || !c.has(key(1)) || c.has(key(2)) {
+		t.Fatalf("after the writes: %+v", st)
+	}
+	if _, err := os.Stat(filepath.Join(dir, key(2))); !os.IsNotExist(err) {
+		t.Fatalf("the removed object was written: %v", err)
+	}
+}

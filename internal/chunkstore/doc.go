@@ -87,7 +87,8 @@
 // chunks/<h>. An import with a cache reads the packed chunks it lacks in
 // ranged reads (Backend's optional RangeReader; a whole GET otherwise) of
 // up to 4 MiB, skipping at most 64 KiB it does not need, verifies each
-// chunk and caches it on its own, as if it had been fetched alone; without
+// chunk and caches it on its own, as if it had been fetched alone (behind
+// the import, as every chunk an import fetches: see Cache); without
 // a cache each chunk is read from its pack. A pack the backend lacks is
 // read as its chunks' own objects if it has those (a peer's handler
 // serves chunks, not packs). A collection marks the packs

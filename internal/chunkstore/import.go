@@ -19,12 +19,12 @@ import (
 // Import rebuilds the image the manifest root names into dir, which must
 // not exist (its parent must): byte for byte, zero chunks left as holes.
 // Chunks come from the cache when it holds them, else from the store
-// (s.parallel at a time, then kept in the cache); every one is verified
-// first. The image is assembled beside dir and renamed into place, so dir
-// appears whole or not at all (it is not synced: after a crash, import
-// again). Phases: import.manifest, import.fetch (the chunks the cache
-// lacks, into the cache), import.assemble (read, verify, write),
-// import.finish.
+// (s.parallel at a time), every one verified first; those fetched are
+// put in the cache behind the import (written after it returns; see
+// Cache). The image is assembled beside dir and renamed into place, so
+// dir appears whole or not at all (it is not synced: after a crash,
+// import again). Phases: import.manifest, import.fetch (the chunks the
+// cache lacks), import.assemble (read, verify, write), import.finish.
 func (s *Store) Import(ctx context.Context, root Hash, dir string) (st Stats, err error) {
 	return s.importFrom(ctx, s.b, root, dir)
 }
@@ -53,6 +53,7 @@ func (s *Store) importFrom(ctx context.Context, src Backend, root Hash, dir stri
 	if err != nil {
 		return st, err
 	}
+	m = s.keepBase(root, m) // an image others are written over, pulled: read only from here on
 	phase("import.manifest", tm)
 
 	tc := time.Now()
@@ -133,27 +134,14 @@ func (s *Store) importFrom(ctx context.Context, src Backend, root Hash, dir stri
 		pf.storeChunk = func(ctx context.Context, h Hash) ([]byte, error) { return s.fetchAt(ctx, m, h, distinct[h]) }
 	}
 
-	// Fetch what the cache lacks (each distinct chunk once), verified, into
-	// the cache; then assemble every run from the cache. Without a cache,
-	// runs read the store directly.
+	// Fetch what the cache lacks (each distinct chunk once), verified, and
+	// put it in the cache behind the import (the cache's writers write it
+	// after; the import never waits for them); the assembly reads the
+	// chunks fetched from memory when they are at most memBytes, else
+	// from the cache. Without a cache, runs read the store directly.
 	var fetched, corrupt atomic.Int64
 	var fetchedBytes atomic.Int64
-	// Packed chunks fetched are kept in memory for the assembly (when
-	// they are at most memBytes) while the cache fills with them beside
-	// it; the import returns once the cache holds them.
-	var mem packedMem
-	var fill sync.WaitGroup
-	var toFill chan cached
-	defer func() {
-		if toFill != nil {
-			close(toFill)
-		}
-		tw := time.Now()
-		fill.Wait()
-		if err == nil && toFill != nil {
-			phase("import.cache", tw)
-		}
-	}()
+	var mem fetchedMem
 	if s.cache != nil {
 		var missing, packed []Hash
 		var total int64
@@ -168,47 +156,26 @@ func (s *Store) importFrom(ctx context.Context, src Backend, root Hash, dir stri
 			}
 		}
 		st.Present = len(order) - len(missing) - len(packed)
+		mem.keep = total <= memBytes
 		var done atomic.Int64
+		got := func(h Hash, data []byte) {
+			mem.add(h, data)
+			s.cache.putBehind(ChunkKey(h), data)
+			fetched.Add(1)
+			fetchedBytes.Add(int64(len(data)))
+			s.report("import", "fetch", done.Add(int64(len(data))), total)
+		}
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(s.parallel)
 		// Packed chunks by ranged reads of their packs, each chunk
-		// verified, then cached on its own.
+		// verified.
 		sps := spans(m, packed, func(h Hash) int { return distinct[h] })
 		st.Packs = len(sps)
-		var packedBytes int64
-		for _, h := range packed {
-			packedBytes += int64(distinct[h])
-		}
-		mem.keep = packedBytes <= memBytes
-		// The cache fills beside the fetches (they wait for it only when
-		// the chunks are not kept in memory: then the queue is short), and
-		// beside the assembly when it reads from memory.
-		queue := len(packed)
-		if !mem.keep {
-			queue = 4 * s.parallel
-		}
-		q := make(chan cached, queue)
-		toFill = q
-		for range min(s.parallel, len(packed)) {
-			fill.Go(func() {
-				for c := range q {
-					s.cache.put(ChunkKey(c.h), c.data)
-				}
-			})
-		}
 		for _, sp := range sps {
 			if gctx.Err() != nil {
 				break
 			}
-			g.Go(func() error {
-				return s.readSpan(gctx, sp, func(h Hash, data []byte) {
-					mem.add(h, data)
-					q <- cached{h, data}
-					fetched.Add(1)
-					fetchedBytes.Add(int64(len(data)))
-					s.report("import", "fetch", done.Add(int64(len(data))), total)
-				})
-			})
+			g.Go(func() error { return s.readSpan(gctx, sp, got) })
 		}
 		for _, h := range missing {
 			if gctx.Err() != nil {
@@ -219,21 +186,13 @@ func (s *Store) importFrom(ctx context.Context, src Backend, root Hash, dir stri
 				if err != nil {
 					return err
 				}
-				s.cache.put(ChunkKey(h), data)
-				fetched.Add(1)
-				fetchedBytes.Add(int64(len(data)))
-				s.report("import", "fetch", done.Add(int64(len(data))), total)
+				got(h, data)
 				return nil
 			})
 		}
 		if err := g.Wait(); err != nil {
 			st.Transferred, st.TransferredBytes = int(fetched.Load()), fetchedBytes.Load()
 			return st, err
-		}
-		if !mem.keep {
-			close(toFill) // the assembly reads them from the cache
-			toFill = nil
-			fill.Wait()
 		}
 		if err := ctx.Err(); err != nil {
 			return st, err
@@ -283,7 +242,7 @@ func (s *Store) importFrom(ctx context.Context, src Backend, root Hash, dir stri
 				fetched.Add(1)
 				fetchedBytes.Add(int64(len(data)))
 				if s.cache != nil {
-					s.cache.put(ChunkKey(c.Hash), data)
+					s.cache.putBehind(ChunkKey(c.Hash), data)
 				}
 			}
 			if _, err := files[r.file].WriteAt(buf, r.off); err != nil {
@@ -332,25 +291,19 @@ func (s *Store) importFrom(ctx context.Context, src Backend, root Hash, dir stri
 	return st, nil
 }
 
-// memBytes is the most an import keeps in memory of the packed chunks it
+// memBytes is the most an import keeps in memory of the chunks it
 // fetched, for its assembly.
 var memBytes int64 = 256 << 20
 
-// cached is a chunk for the cache.
-type cached struct {
-	h    Hash
-	data []byte
-}
-
-// packedMem is the packed chunks an import fetched, verified, if it keeps
-// them (keep). Safe for concurrent use.
-type packedMem struct {
+// fetchedMem is the chunks an import fetched, verified, if it keeps them
+// (keep). Safe for concurrent use.
+type fetchedMem struct {
 	keep bool
 	mu   sync.Mutex
 	m    map[Hash][]byte
 }
 
-func (p *packedMem) add(h Hash, data []byte) {
+func (p *fetchedMem) add(h Hash, data []byte) {
 	if !p.keep {
 		return
 	}
@@ -362,7 +315,7 @@ func (p *packedMem) add(h Hash, data []byte) {
 	p.m[h] = data
 }
 
-func (p *packedMem) get(h Hash) ([]byte, bool) {
+func (p *fetchedMem) get(h Hash) ([]byte, bool) {
 	if !p.keep {
 		return nil, false
 	}

@@ -31,6 +31,7 @@ func BenchmarkImportFromCache(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(cache.Flush)
 	s, err := chunkstore.New(store, chunkstore.Options{Cache: cache})
 	if err != nil {
 		b.Fatal(err)

@@ -134,6 +134,7 @@ func TestRememberLocalImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(cache.Flush)
 	hostB, err := chunkstore.New(b, chunkstore.Options{Immutable: true, Cache: cache})
 	if err != nil {
 		t.Fatal(err)

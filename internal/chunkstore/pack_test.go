@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
@@ -204,8 +205,9 @@ func TestSpans(t *testing.T) {
 	}
 }
 
-// An import whose packed chunks are more than it keeps in memory fills
-// the cache first and assembles from it: the same bytes.
+// An import whose fetched chunks are more than it keeps in memory
+// assembles from the cache (held behind, or written): the same bytes,
+// and every chunk cached once the cache's writers are done.
 func TestImportPackedThroughTheCache(t *testing.T) {
 	dir := t.TempDir()
 	img := filepath.Join(dir, "img")
@@ -250,8 +252,147 @@ func TestImportPackedThroughTheCache(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, _ := os.ReadFile(filepath.Join(out, "pages.img"))
+		cache.Flush()
 		if !bytes.Equal(got, data) || ist.Transferred != st.Distinct || cache.Stats().Objects < st.Distinct {
 			t.Fatalf("memory limit %d: import %s, %d objects cached", limit, &ist, cache.Stats().Objects)
 		}
+	}
+}
+
+// countingBackend counts the reads of chunks and packs.
+type countingBackend struct {
+	Backend
+	reads atomic.Int64
+}
+
+func (c *countingBackend) Get(ctx context.Context, key string) ([]byte, error) {
+	if !strings.HasPrefix(key, "manifests/") {
+		c.reads.Add(1)
+	}
+	return c.Backend.Get(ctx, key)
+}
+
+func (c *countingBackend) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
+	c.reads.Add(1)
+	return getRange(ctx, c.Backend, key, off, n)
+}
+
+// An import returns without waiting for the cache's writes: the chunks
+// it fetched are held, read from memory by the next import, and written
+// after; a crash before they are written (the cache opened again) loses
+// only those copies, and nothing half-written is ever an object.
+func TestImportWritesTheCacheBehind(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "img")
+	if err := os.Mkdir(img, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 3<<20)
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	if err := os.WriteFile(filepath.Join(img, "pages.img"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fb, err := OpenFile(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s, err := New(fb, Options{PackBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Export(ctx, img, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The cache's writers wait until released.
+	release := make(chan struct{})
+	var waiting atomic.Int64
+	behindHold = func(string) { waiting.Add(1); <-release }
+	released := false
+	cacheDir := filepath.Join(dir, "cache")
+	cache, err := OpenCache(cacheDir, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !released {
+			close(release)
+		}
+		cache.Flush()
+		behindHold = nil
+	})
+	b := &countingBackend{Backend: fb}
+	host, err := New(b, Options{PackBytes: 1 << 20, Cache: cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(name string) {
+		t.Helper()
+		got, err := os.ReadFile(filepath.Join(dir, name, "pages.img"))
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s: not the image (%v)", name, err)
+		}
+	}
+	chunkFiles := func() int {
+		n := 0
+		filepath.WalkDir(filepath.Join(cacheDir, "chunks"), func(_ string, e os.DirEntry, _ error) error {
+			if e != nil && !e.IsDir() {
+				n++
+			}
+			return nil
+		})
+		return n
+	}
+	ist, err := host.Import(ctx, st.Root, filepath.Join(dir, "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("out")
+	cs := cache.Stats()
+	if ist.Transferred != st.Distinct || cs.Behind != st.Distinct || cs.Objects != 1 || chunkFiles() != 0 || waiting.Load() == 0 {
+		t.Fatalf("import with the cache's writes held: %s; cache %+v, %d chunk files, %d writers waiting", &ist, cs, chunkFiles(), waiting.Load())
+	}
+	// The next import reads them from memory, not the store.
+	reads := b.reads.Load()
+	again, err := host.Import(ctx, st.Root, filepath.Join(dir, "again"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("again")
+	if again.Transferred != 0 || b.reads.Load() != reads {
+		t.Fatalf("import of chunks held behind: %s, %d reads of the store", &again, b.reads.Load()-reads)
+	}
+	// A crash now: the cache opened again has only what was written.
+	reopened, err := OpenCache(cacheDir, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs := reopened.Stats(); rs.Objects != 1 || rs.Behind != 0 {
+		t.Fatalf("the cache after a crash before its writes: %+v", rs)
+	}
+	// Released, every chunk is written, whole, under its hash.
+	close(release)
+	released = true
+	cache.Flush()
+	if cs := cache.Stats(); cs.Behind != 0 || cs.BehindBytes != 0 || cs.Objects != st.Distinct+1 || chunkFiles() != st.Distinct {
+		t.Fatalf("after the writes: %+v, %d chunk files", cs, chunkFiles())
+	}
+	m, err := host.Manifest(ctx, st.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range m.Hashes() {
+		b, err := os.ReadFile(filepath.Join(cacheDir, filepath.FromSlash(ChunkKey(h))))
+		if err != nil || Sum(b) != h {
+			t.Fatalf("chunk %s in the cache: %v", h, err)
+		}
+	}
+	if ents, _ := os.ReadDir(filepath.Join(cacheDir, "tmp")); len(ents) != 0 {
+		t.Fatalf("temporary files left: %v", ents)
 	}
 }

@@ -86,6 +86,7 @@ func (p *peerSetup) importer(t *testing.T, name string) *chunkstore.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(cache.Flush)
 	s, err := chunkstore.New(p.shared, chunkstore.Options{Cache: cache, Retry: chunkstore.Retry{Attempts: 2}})
 	if err != nil {
 		t.Fatal(err)

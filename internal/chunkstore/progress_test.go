@@ -69,6 +69,7 @@ func TestProgressReachesTotal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(cache.Flush)
 	l := &progressLog{done: make(map[string]int64), totals: make(map[string]map[int64]bool)}
 	open := func(opts chunkstore.Options) *chunkstore.Store {
 		opts.Progress = l.report

@@ -79,6 +79,7 @@ func s3Store(t *testing.T, srv *chunkstoretest.S3Server, bucket string, wrap fun
 		if cache, err = chunkstore.OpenCache(t.TempDir(), 1<<30); err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(cache.Flush) // before its directory goes
 	}
 	s, err := chunkstore.New(bk, chunkstore.Options{Retry: retry, Cache: cache, PackBytes: pack})
 	if err != nil {

@@ -108,7 +108,20 @@ type Store struct {
 	// Images served to peers (Offer, PeerHandler), by root.
 	offersMu sync.Mutex
 	offers   map[Hash]*offer // guarded by offersMu
+
+	// Flat manifests read as bases, decoded (baseManifest), by root, most
+	// recently used last: never changed once decoded, so shared.
+	basesMu sync.Mutex
+	bases   []keptBase // guarded by basesMu; at most maxBases
 }
+
+type keptBase struct {
+	root Hash
+	m    *Manifest
+}
+
+// maxBases is how many base manifests a store keeps decoded.
+const maxBases = 8
 
 // maxKnown bounds the known set (32 bytes a chunk and the map's overhead):
 // past it, the set starts afresh.
@@ -300,7 +313,7 @@ func (s *Store) manifest(ctx context.Context, b Backend, root Hash, depth int) (
 	if depth+1 >= maxBaseDepth {
 		return nil, fmt.Errorf("manifest %s: more than %d manifests over one another: %w", root, maxBaseDepth, errdefs.ErrCorrupt)
 	}
-	base, err := s.manifest(ctx, b, m.Base, depth+1)
+	base, err := s.baseManifest(ctx, b, m.Base, depth+1)
 	if err != nil {
 		return nil, fmt.Errorf("reading the base of manifest %s: %w", root, err)
 	}
@@ -310,14 +323,75 @@ func (s *Store) manifest(ctx context.Context, b Backend, root Hash, depth int) (
 	return m, nil
 }
 
+// baseManifest is manifest for a base. A flat one (a template's warm
+// image, which every paused sandbox's manifest is written over: 1,700
+// chunks, 161 KB with packs) is decoded and resolved the first time it is
+// read as a base or imported (keepBase), then kept (up to maxBases):
+// later its bytes are still read and verified, as every manifest's, but
+// not decoded again.
+func (s *Store) baseManifest(ctx context.Context, b Backend, root Hash, depth int) (*Manifest, error) {
+	s.basesMu.Lock()
+	var kept *Manifest
+	for i, k := range s.bases {
+		if k.root == root {
+			s.bases = append(append(s.bases[:i:i], s.bases[i+1:]...), k)
+			kept = k.m
+			break
+		}
+	}
+	s.basesMu.Unlock()
+	if kept != nil {
+		if _, err := s.manifestBytes(ctx, b, root); err != nil {
+			return nil, err
+		}
+		return kept, nil
+	}
+	m, err := s.manifest(ctx, b, root, depth)
+	if err != nil {
+		return nil, err
+	}
+	return s.keepBase(root, m), nil
+}
+
+// keepBase keeps m, the manifest root names, decoded for baseManifest if
+// it is flat (a template's warm image that an import pulled, or a base
+// read), and returns the one kept. m must not change afterwards.
+func (s *Store) keepBase(root Hash, m *Manifest) *Manifest {
+	if m.Base != (Hash{}) {
+		return m
+	}
+	s.basesMu.Lock()
+	defer s.basesMu.Unlock()
+	for _, k := range s.bases {
+		if k.root == root {
+			return k.m
+		}
+	}
+	if len(s.bases) == maxBases {
+		s.bases = s.bases[1:]
+	}
+	s.bases = append(s.bases, keptBase{root, m})
+	return m
+}
+
 // readManifest reads and verifies one manifest from the cache or b, not
 // resolved.
 func (s *Store) readManifest(ctx context.Context, b Backend, root Hash) (*Manifest, error) {
+	body, err := s.manifestBytes(ctx, b, root)
+	if err != nil {
+		return nil, err
+	}
+	return Decode(body, root)
+}
+
+// manifestBytes reads a manifest's bytes from the cache or b, verified
+// (a bad cached copy is dropped and read again from b), and caches them.
+func (s *Store) manifestBytes(ctx context.Context, b Backend, root Hash) ([]byte, error) {
 	key := ManifestKey(root)
 	if s.cache != nil {
 		if cached, ok := s.cache.read(key, nil); ok {
-			if m, err := Decode(cached, root); err == nil {
-				return m, nil
+			if Sum(cached) == root {
+				return cached, nil
 			}
 			s.cache.remove(key)
 		}
@@ -326,14 +400,13 @@ func (s *Store) readManifest(ctx context.Context, b Backend, root Hash) (*Manife
 	if err != nil {
 		return nil, fmt.Errorf("reading manifest %s from %s: %w", root, b, err)
 	}
-	m, err := Decode(body, root)
-	if err != nil {
+	if err := verify("manifest", root, body); err != nil {
 		return nil, err
 	}
 	if s.cache != nil {
 		s.cache.put(key, body)
 	}
-	return m, nil
+	return body, nil
 }
 
 // HasManifest reports whether the store holds the manifest root names.

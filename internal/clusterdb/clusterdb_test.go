@@ -314,6 +314,15 @@ func TestMoveIsACompareAndSwap(t *testing.T) {
 	if moved, _ := db.Moved(ctx); moved[id] != b {
 		t.Errorf("moved map: %v", moved)
 	}
+	// The old host asks which of its copies moved away: this one, not an
+	// id of its own or one with no row.
+	mine := ids.NewSandbox(1, a)
+	if err := db.Sync(ctx, Sandbox{ID: mine, Team: "acme", Region: 1, HostSlot: a, State: "running", MemoryMB: 512, Doc: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if away, err := db.AwayFrom(ctx, a, []string{id, mine, ids.NewSandbox(1, a)}); err != nil || len(away) != 1 || away[0] != id {
+		t.Errorf("away from host %d: %v %v", a, away, err)
+	}
 }
 
 // The roots a collection keeps are the rows' (snapshots' and paused
@@ -383,8 +392,8 @@ func TestStoreRootsAndJobRounds(t *testing.T) {
 	}
 }
 
-// TestTemplateBuilds: a published build is found by id, name and
-// name:tag for its team only, the newest first; a sync moves tags, keeps
+// TestTemplateBuilds: a published build is found by template id, name,
+// name:tag and build id for its team only, the newest first; a sync moves tags, keeps
 // a build still being built and forgets the rest; its roots are live.
 func TestTemplateBuilds(t *testing.T) {
 	db := fresh(t)
@@ -417,6 +426,18 @@ func TestTemplateBuilds(t *testing.T) {
 	} {
 		if got := find(c.team, c.name, c.tag); got != c.want {
 			t.Errorf("find(%s, %s, %s) = %s, want %s", c.team, c.name, c.tag, got, c.want)
+		}
+	}
+	for _, c := range []struct{ team, id, want string }{{"acme", "b1", "b1"}, {"acme", "b2", "b2"}, {"other", "b1", "none"}, {"acme", "b9", "none"}} {
+		b, err := db.TemplateBuildByID(ctx, c.team, c.id)
+		got := b.BuildID
+		if errors.Is(err, errdefs.ErrNotFound) {
+			got = "none"
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want {
+			t.Errorf("TemplateBuildByID(%s, %s) = %s, want %s", c.team, c.id, got, c.want)
 		}
 	}
 	roots, _ := db.StoreRoots(ctx)

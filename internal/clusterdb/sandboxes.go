@@ -352,6 +352,17 @@ func (db *DB) Moved(ctx context.Context) (map[string]int, error) {
 	return out, unavailable(err)
 }
 
+// AwayFrom returns which of ids have rows that name a host other than
+// slot.
+func (db *DB) AwayFrom(ctx context.Context, slot int, ids []string) ([]string, error) {
+	rows, err := db.pool.Query(ctx, `SELECT id FROM sandboxes WHERE id = ANY($1) AND host_slot <> $2`, ids, slot)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	away, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return away, unavailable(err)
+}
+
 // HostSandboxes returns the rows of the sandboxes that live on host slot.
 func (db *DB) HostSandboxes(ctx context.Context, slot int) ([]Sandbox, error) {
 	rows, err := db.pool.Query(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE host_slot = $1`, slot)

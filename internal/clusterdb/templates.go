@@ -68,6 +68,18 @@ func (db *DB) FindTemplateBuild(ctx context.Context, team, name, tag string) (Te
 	return b, unavailable(err)
 }
 
+// TemplateBuildByID returns team's published build id.
+func (db *DB) TemplateBuildByID(ctx context.Context, team, id string) (TemplateBuild, error) {
+	var b TemplateBuild
+	err := db.pool.QueryRow(ctx, `SELECT build_id, team, template_id, names, tags, runtime, roots, artifact FROM template_builds
+		WHERE team = $1 AND build_id = $2`, team, id).Scan(
+		&b.BuildID, &b.Team, &b.TemplateID, &b.Names, &b.Tags, &b.Runtime, &b.Roots, &b.Artifact)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return b, errdefs.New(errdefs.ErrNotFound, "template build %q not found", id)
+	}
+	return b, unavailable(err)
+}
+
 func nonNil(s []string) []string {
 	if s == nil {
 		return []string{}

@@ -350,6 +350,7 @@ func (m *Member) Start(ctx context.Context, host Host) {
 	m.markAll(ctx)
 	go m.heartbeatLoop(ctx)
 	go m.syncLoop(ctx)
+	go m.listenLoop(ctx)
 }
 
 // markAll marks every local sandbox and snapshot for sync, and the rows

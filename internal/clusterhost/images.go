@@ -116,10 +116,23 @@ func (m *Member) SyncTemplate(ctx context.Context, team, templateID string, name
 // tag names (the newest with no tag): ErrFailedPrecondition when another
 // runsc build made its warm image.
 func (m *Member) FindTemplate(ctx context.Context, team, name, tag string) (clusterdb.TemplateBuild, error) {
+	return m.runnable(name, func(db *clusterdb.DB) (clusterdb.TemplateBuild, error) {
+		return db.FindTemplateBuild(ctx, team, name, tag)
+	})
+}
+
+// FindTemplateBuild returns team's published build id, as FindTemplate.
+func (m *Member) FindTemplateBuild(ctx context.Context, team, id string) (clusterdb.TemplateBuild, error) {
+	return m.runnable(id, func(db *clusterdb.DB) (clusterdb.TemplateBuild, error) { return db.TemplateBuildByID(ctx, team, id) })
+}
+
+// runnable returns the build find finds if this host's runsc build made
+// its warm image.
+func (m *Member) runnable(name string, find func(*clusterdb.DB) (clusterdb.TemplateBuild, error)) (clusterdb.TemplateBuild, error) {
 	if m.db == nil {
 		return clusterdb.TemplateBuild{}, errdefs.New(errdefs.ErrUnavailable, "the cluster database is unavailable; retry later")
 	}
-	b, err := m.db.FindTemplateBuild(ctx, team, name, tag)
+	b, err := find(m.db)
 	if err != nil {
 		return b, err
 	}

@@ -101,6 +101,19 @@ func (s sharedTemplates) Find(ctx context.Context, team, ref string) (templates.
 	if err != nil {
 		return templates.Artifact{}, err
 	}
+	return artifactOf(b, ref)
+}
+
+func (s sharedTemplates) FindBuild(ctx context.Context, team, id string) (templates.Artifact, error) {
+	b, err := s.member.FindTemplateBuild(ctx, team, id)
+	if err != nil {
+		return templates.Artifact{}, err
+	}
+	return artifactOf(b, id)
+}
+
+// artifactOf reads the artifact of build row b, which ref named.
+func artifactOf(b clusterdb.TemplateBuild, ref string) (templates.Artifact, error) {
 	var a templates.Artifact
 	if err := json.Unmarshal(b.Artifact, &a); err != nil || a.BuildID != b.BuildID {
 		return a, errors.Join(errdefs.New(errdefs.ErrFailedPrecondition, "template %q: its record in the cluster cannot be read (another cellfork version?)", ref), err)

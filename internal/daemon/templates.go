@@ -164,6 +164,10 @@ func (r resolver) ResolveTemplate(ctx context.Context, id string) (manager.Custo
 	return manager.CustomTemplate{Key: t.Key, Rootfs: t.Rootfs, Image: t.Image, Limits: t.Limits}, nil
 }
 
+func (r resolver) LocalRoot(ctx context.Context, team, rootfs string) (string, error) {
+	return r.s.LocalRoot(ctx, team, rootfs)
+}
+
 // ParseMirror parses --registry-mirror REGISTRY=MIRROR.
 func ParseMirror(v string, into map[string]string) error {
 	reg, mirror, ok := strings.Cut(v, "=")

@@ -162,6 +162,9 @@ func (m *Manager) adoptMoved(ctx context.Context, id string) error {
 	if rec.State != sandbox.StatePaused || rec.PausedRoot == "" || !sandbox.Sees(ctx, rec.Team) {
 		return errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}
+	if rec.Rootfs, err = m.localRoot(ctx, rec.Team, rec.Rootfs); err != nil {
+		return fmt.Errorf("sandbox %q: %w", id, err)
+	}
 	if _, err := os.Stat(rec.Rootfs); err != nil {
 		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q: its template's root filesystem (%s) is not on this host", id, rec.Rootfs)
 	}

@@ -141,6 +141,11 @@ type CustomTemplates interface {
 	// ResolveTemplate returns the template id names ("name", "name:tag",
 	// a template id), or an ErrNotFound error.
 	ResolveTemplate(ctx context.Context, id string) (CustomTemplate, error)
+	// LocalRoot returns this host's copy of root file system rootfs, which
+	// a record from another host names (a custom template's root is at
+	// another path on each host: this host's copy of the same build,
+	// pulled for team if need be); another path as it is.
+	LocalRoot(ctx context.Context, team, rootfs string) (string, error)
 }
 
 // Manager owns the live sandboxes. Safe for concurrent use.
@@ -210,18 +215,34 @@ func New(cfg Config, d Deps) *Manager {
 		ids = sandbox.RandomIDs{}
 	}
 	// (A nil Images or Cluster stays nil in the narrower interfaces.)
-	snaps := snapshots.New(snapshots.Config{DataDir: cfg.DataDir, RuntimeBuild: cfg.RuntimeBuild, CapBytes: cfg.SnapshotCapBytes,
-		GCInterval: cfg.StoreGCInterval, GCGrace: cfg.StoreGCGrace}, d.Store, boxes, d.Images, d.Cluster, d.Log)
 	wm := warm.New(cfg.RuntimeBuild, warm.Deps{Templates: d.Templates, Boxes: boxes, Admission: p.Admission(),
 		Images: d.Images, Cluster: d.Cluster, Log: d.Log})
-	return &Manager{cfg: cfg, boxes: boxes, pool: p, adm: p.Admission(), st: d.Store, tpl: d.Templates, ids: ids, log: d.Log,
-		images: d.Images, cluster: d.Cluster, snaps: snaps, warm: wm, samples: samples.New(boxes),
+	m := &Manager{cfg: cfg, boxes: boxes, pool: p, adm: p.Admission(), st: d.Store, tpl: d.Templates, ids: ids, log: d.Log,
+		images: d.Images, cluster: d.Cluster, warm: wm, samples: samples.New(boxes),
 		live: map[string]*Live{}, tombs: map[string]tomb{}, closing: make(chan struct{})}
+	m.snaps = snapshots.New(snapshots.Config{DataDir: cfg.DataDir, RuntimeBuild: cfg.RuntimeBuild, CapBytes: cfg.SnapshotCapBytes,
+		GCInterval: cfg.StoreGCInterval, GCGrace: cfg.StoreGCGrace, LocalRoot: m.localRoot}, d.Store, boxes, d.Images, d.Cluster, d.Log)
+	return m
 }
 
 // SetCustomTemplates installs the resolver of custom templates. Call it
 // before serving.
 func (m *Manager) SetCustomTemplates(c CustomTemplates) { m.custom = c }
+
+// localRoot returns this host's copy of rootfs, the root file system a
+// record from another host names: a custom template's root maps to this
+// host's copy of its build (CustomTemplates.LocalRoot); a built-in
+// template's is the same path on every host.
+func (m *Manager) localRoot(ctx context.Context, team, rootfs string) (string, error) {
+	if m.custom == nil {
+		return rootfs, nil
+	}
+	local, err := m.custom.LocalRoot(ctx, team, rootfs)
+	if err != nil {
+		return "", fmt.Errorf("its template's root file system: %w", err)
+	}
+	return local, nil
+}
 
 // PoolStats reports what the pool keeps ready.
 func (m *Manager) PoolStats() sandbox.PoolStats {

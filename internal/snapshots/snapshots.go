@@ -12,6 +12,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -82,6 +83,10 @@ type Config struct {
 	// deletes it.
 	GCInterval time.Duration
 	GCGrace    time.Duration
+	// LocalRoot, if set, maps the root file system another host's
+	// snapshot names to this host's copy of it (a custom template's root
+	// is at another path on each host; manager.CustomTemplates.LocalRoot).
+	LocalRoot func(ctx context.Context, team, rootfs string) (string, error)
 }
 
 // Snapshots is a host's snapshots. Images and Cluster may be nil (no chunk
@@ -187,6 +192,11 @@ func (s *Snapshots) Source(ctx context.Context, idOrName string) (*sandbox.Snaps
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q is on another host and not in the chunk store yet (upload: %s); retry once it is uploaded", sn.ID, cmp.Or(string(sn.Upload), "none"))
 	case sn.Runtime != s.cfg.RuntimeBuild:
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q was written by runtime build %q; this host runs %q", sn.ID, sn.Runtime, s.cfg.RuntimeBuild)
+	}
+	if s.cfg.LocalRoot != nil {
+		if sn.Rootfs, err = s.cfg.LocalRoot(ctx, sn.Team, sn.Rootfs); err != nil {
+			return nil, fmt.Errorf("snapshot %q: %w", sn.ID, err)
+		}
 	}
 	if _, err := os.Stat(sn.Rootfs); err != nil {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "snapshot %q: its template's root filesystem (%s) is not on this host", sn.ID, sn.Rootfs)

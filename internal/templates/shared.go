@@ -51,6 +51,8 @@ type Shared interface {
 	// ErrFailedPrecondition if this host cannot run it (another runsc
 	// build).
 	Find(ctx context.Context, team, ref string) (Artifact, error)
+	// FindBuild returns the artifact of team's build id, as Find.
+	FindBuild(ctx context.Context, team, id string) (Artifact, error)
 }
 
 // Artifact is a published build.
@@ -185,6 +187,76 @@ func (s *Service) resolveShared(ctx context.Context, id string) (Resolved, error
 		return Resolved{}, err
 	}
 	return v.(Resolved), nil
+}
+
+// LocalRoot returns this host's copy of the root file system rootfs, a
+// path another host may have written (in a snapshot's or a paused
+// sandbox's record that came through the cluster). A custom template
+// build's root (DIR/builds/BUILD/rootfs where it was built,
+// DIR/pulled/BUILD/rootfs where it was pulled, DIR being a host's
+// custom-templates directory) is this host's root of the same build: its
+// own, else the one it pulled, else pulled now for team. Any other path
+// (a built-in template's, the same on every host) is returned as it is.
+func (s *Service) LocalRoot(ctx context.Context, team, rootfs string) (string, error) {
+	id, ok := buildOfRoot(rootfs)
+	if !ok {
+		return rootfs, nil
+	}
+	s.mu.Lock()
+	for _, t := range s.st.Templates {
+		if b := t.build(id); b != nil && t.Team == team && b.Status == StatusReady && !b.Purged {
+			s.mu.Unlock()
+			return b.Rootfs, nil
+		}
+	}
+	s.mu.Unlock()
+	dir := s.pulledDir(id)
+	s.pulledMu.Lock()
+	_, err := os.Stat(filepath.Join(dir, "artifact.json"))
+	s.pulledMu.Unlock()
+	if err == nil {
+		return filepath.Join(dir, "rootfs"), nil
+	}
+	if s.cfg.Shared == nil {
+		return "", errdefs.New(errdefs.ErrFailedPrecondition, "template build %s (root %s) is not on this host", id, rootfs)
+	}
+	a, err := s.cfg.Shared.FindBuild(ctx, team, id)
+	if err != nil {
+		return "", fmt.Errorf("finding template build %s in the cluster: %w", id, err)
+	}
+	pctx := context.WithoutCancel(ctx)
+	v, err, _ := s.pulls.Do(a.BuildID, func() (any, error) { return s.pull(pctx, a) })
+	if err != nil {
+		return "", err
+	}
+	return v.(Resolved).Rootfs, nil
+}
+
+// buildOfRoot returns the build whose root rootfs is (on any host), if it
+// is one: .../custom-templates/{builds,pulled}/BUILD/rootfs.
+func buildOfRoot(rootfs string) (string, bool) {
+	dir, name := filepath.Split(filepath.Clean(rootfs))
+	if name != "rootfs" {
+		return "", false
+	}
+	dir, id := filepath.Split(filepath.Clean(dir))
+	dir, kind := filepath.Split(filepath.Clean(dir))
+	if (kind != "builds" && kind != "pulled") || filepath.Base(dir) != "custom-templates" || !validBuildID(id) {
+		return "", false
+	}
+	return id, true
+}
+
+func validBuildID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // pulledDir is where a pulled build's root and warm image live.

@@ -126,6 +126,17 @@ func (f *fakeShared) Find(_ context.Context, team, ref string) (Artifact, error)
 	return Artifact{}, errdefs.New(errdefs.ErrNotFound, "template %q not found", ref)
 }
 
+func (f *fakeShared) FindBuild(_ context.Context, team, id string) (Artifact, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, a := range f.rows {
+		if a.Team == team && a.BuildID == id {
+			return a, nil
+		}
+	}
+	return Artifact{}, errdefs.New(errdefs.ErrNotFound, "template build %q not found", id)
+}
+
 // TestSharedTemplates: a template built on one host (for team acme) is
 // published with its layer and warm image before it reports ready;
 // another host resolves it by name, name:tag and id for acme only,
@@ -238,5 +249,70 @@ func TestSharedTemplates(t *testing.T) {
 	}
 	if _, err := host.ResolveTemplate(acme, "web"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("a deleted template resolves: %v", err)
+	}
+}
+
+// TestLocalRoot: a record from another host names its custom template's
+// root by that host's path (where it was built, or pulled); each host maps
+// it to its own copy of the same build, pulling it (for the record's team
+// only) when it has none. Other paths stay as they are.
+func TestLocalRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("layers keep owners: needs root") // make test runs as root
+	}
+	shared := newFakeShared()
+	dir := func() string { return filepath.Join(t.TempDir(), "custom-templates") }
+	builder, fb, _ := newService(t, dir(), func(c *Config) { c.Shared = shared })
+	fb.layers = builder.cfg.Layers
+	puller, _, _ := newService(t, dir(), func(c *Config) { c.Shared = shared })
+	third, _, _ := newService(t, dir(), func(c *Config) { c.Shared = shared })
+	acme := sandbox.WithTeam(context.Background(), "acme")
+	tpl, b, err := builder.Create(acme, CreateRequest{Name: "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := builder.StartBuild(acme, tpl.ID, b.ID, build.Spec{FromTemplate: "base", Steps: []build.Step{{Type: "RUN", Args: []string{"echo hi"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if info := wait(t, builder, tpl.ID, b.ID); info.Build.Status != StatusReady {
+		t.Fatalf("build: %+v", info.Build)
+	}
+	built := filepath.Join(builder.cfg.Dir, "builds", b.ID, "rootfs")
+	r, err := puller.ResolveTemplate(acme, "web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pulled := filepath.Join(puller.cfg.Dir, "pulled", b.ID, "rootfs")
+	if r.Rootfs != pulled {
+		t.Fatalf("pulled to %s", r.Rootfs)
+	}
+	for _, c := range []struct {
+		host       *Service
+		from, want string
+	}{
+		{builder, pulled, built}, // a puller's record on the builder
+		{puller, built, pulled},  // the builder's on a puller
+		{puller, pulled, pulled}, // its own
+		{builder, "/var/lib/cellfork/templates/base/1234/rootfs", "/var/lib/cellfork/templates/base/1234/rootfs"},
+	} {
+		if got, err := c.host.LocalRoot(acme, "acme", c.from); err != nil || got != c.want {
+			t.Errorf("LocalRoot(%s) on %s: %q %v, want %q", c.from, c.host.cfg.Dir, got, err, c.want)
+		}
+	}
+	// A host without the build pulls it, for its team only.
+	if _, err := third.LocalRoot(acme, "other", built); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("another team's record pulled the build: %v", err)
+	}
+	got, err := third.LocalRoot(acme, "acme", pulled)
+	if err != nil || got != filepath.Join(third.cfg.Dir, "pulled", b.ID, "rootfs") {
+		t.Fatalf("LocalRoot on a host without the build: %q %v", got, err)
+	}
+	if step, err := os.ReadFile(filepath.Join(got, "step.txt")); err != nil || string(step) != "hi" {
+		t.Errorf("the root it pulled: %q %v", step, err)
+	}
+	for _, p := range []string{"/x/custom-templates/builds/../rootfs", "/x/other/builds/" + b.ID + "/rootfs", "/x/custom-templates/layers/" + b.ID + "/rootfs"} {
+		if _, ok := buildOfRoot(p); ok {
+			t.Errorf("%s taken for a build's root", p)
+		}
 	}
 }

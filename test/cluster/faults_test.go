@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cellfork/cellfork/internal/clusterdb"
+	"github.com/cellfork/cellfork/internal/ids"
 	"github.com/cellfork/cellfork/test/cluster/harness"
 )
 
@@ -183,19 +188,55 @@ func testPartitionAndHeal(t *testing.T) {
 	}
 }
 
-// testHostKilled: a host loses power mid-exec and mid-create. The exec
-// fails (no hang), creates go to the other host, its sandboxes are
-// reported lost within the lease and the data plane fails fast; started
-// again, it takes new sandboxes, and the dead ones are gone.
+// testHostKilled: a host loses power mid-exec, mid-create and while a
+// paused sandbox's image is uploading (the store up: packs of it already
+// written, not its manifest). The exec fails (no hang), creates go to the
+// other host, its running sandboxes are reported lost within the lease
+// and the data plane fails fast; the paused one waits for its host (no
+// other host can resume it). Started again, the host takes new
+// sandboxes, the dead ones are gone, and the paused one resumes there,
+// once (two gateways asked at the same time), with its state.
 func testHostKilled(t *testing.T) {
+	ctx := context.Background()
 	victim := create(t, "eu", nil)
 	h := hostOf(t, victim)
+	// On the same host, a sandbox with 192 MiB of its own memory (random:
+	// no chunk of it is stored), paused to disk: its upload takes long
+	// enough to be caught under way.
+	var paused sandbox
+	for paused.ID == "" || hostOf(t, paused).N != h.N {
+		if paused.ID != "" {
+			do(t, "eu", "DELETE", "/sandboxes/"+paused.ID, nil, nil)
+		}
+		paused = create(t, "eu", map[string]any{"memoryMB": 1024})
+	}
+	if out, status := runCode(t, "eu", paused, `import os; blob = os.urandom(192 << 20); v = 23; print(len(blob))`); out != "201326592\n" {
+		t.Fatalf("setting state up: %d %q", status, out)
+	}
+	db, err := clusterdb.Open(ctx, c.PG.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	secrets, err := db.EnsureSecrets(ctx, ids.RandomKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	packs := func() int {
+		ents, _ := os.ReadDir(filepath.Join(c.StoreDir, "packs"))
+		return len(ents)
+	}
 	execDone := make(chan error, 1)
 	go func() {
 		_, status := runCode(t, "eu", victim, "import time; time.sleep(60); print('never')")
 		execDone <- fmt.Errorf("status %d", status)
 	}()
 	time.Sleep(500 * time.Millisecond)
+	before := packs()
+	if r := do(t, "eu", "POST", "/sandboxes/"+paused.ID+"/pause", map[string]any{"spill": true}, nil); r.status != 204 {
+		t.Fatalf("pause: %d %s", r.status, r.body)
+	}
+	eventually(t, 60*time.Second, "the paused image's upload to write a pack", func() bool { return packs() > before })
 	var created, failed atomic.Int64
 	var wg sync.WaitGroup
 	for range 4 {
@@ -213,6 +254,14 @@ func testHostKilled(t *testing.T) {
 	}
 	h.Kill()
 	killed := time.Now()
+	row, err := db.GetSandbox(ctx, paused.ID)
+	if err != nil || row.State != "paused" || row.HostSlot != h.N {
+		t.Fatalf("the paused sandbox's row at the kill: %+v %v", row, err)
+	}
+	if row.StoreRoot != "" {
+		t.Fatalf("the upload ended before the kill (%d packs written before it): the test did not kill a host mid-upload", packs()-before)
+	}
+	t.Logf("host %d killed with %d packs of the paused image's upload written, not its manifest", h.N, packs()-before)
 	select {
 	case <-execDone:
 	case <-time.After(10 * time.Second):
@@ -233,16 +282,75 @@ func testHostKilled(t *testing.T) {
 	if _, status := runCode(t, "eu", victim, "1"); status != http.StatusBadGateway || time.Since(t0) > 1500*time.Millisecond {
 		t.Errorf("data plane to a dead host: %d after %v", status, time.Since(t0))
 	}
+	// The paused one waits for its host: its image is only there.
+	if r := do(t, "eu", "POST", "/sandboxes/"+paused.ID+"/connect", map[string]any{"timeout": 120}, nil); r.status != 503 || !strings.Contains(string(r.body), "had not reached the chunk store") {
+		t.Errorf("resuming the paused sandbox of the dead host: %d %s", r.status, r.body)
+	}
+	if row, err := db.GetSandbox(ctx, paused.ID); err != nil || row.HostSlot != h.N || row.State != "paused" || row.StoreRoot != "" {
+		t.Errorf("the paused sandbox's row while its host is down: %+v %v", row, err)
+	}
+	checkOneCopy(t, secrets.Internal)
+	rowsIntact(t) // the half-written upload left packs, no manifest
+
 	if err := h.Start(); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, "the dead sandbox to be gone once its host is back", func() bool {
 		return do(t, "eu", "GET", "/sandboxes/"+victim.ID, nil, nil).status == 404
 	})
-	out, _ := c.AdminOut(context.Background(), "hosts")
+	out, _ := c.AdminOut(ctx, "hosts")
 	if strings.Count(out, " active ") != len(c.Hosts) {
 		t.Errorf("hosts after the restart:\n%s", out)
 	}
+	// Both regions' gateways resume it at once: it runs once, on its host.
+	regions := []string{"eu", "us"}
+	var answers [2]resp
+	var rw sync.WaitGroup
+	for i, region := range regions {
+		rw.Go(func() {
+			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+				if answers[i] = connect(region, paused.ID); answers[i].status/100 == 2 {
+					return
+				}
+			}
+		})
+	}
+	rw.Wait()
+	for i, a := range answers {
+		if a.status/100 != 2 {
+			t.Errorf("resuming through %s once its host is back: %d %s", regions[i], a.status, a.body)
+		}
+	}
+	if got := hostOf(t, paused); got.N != h.N {
+		t.Errorf("resumed on host %d, not its own %d", got.N, h.N)
+	}
+	if out, status := runCode(t, "eu", paused, "print(v, len(blob))"); out != "23 201326592\n" {
+		t.Errorf("state after the resume on its host: %d %q", status, out)
+	}
+	checkOneCopy(t, secrets.Internal)
+	for _, o := range c.Hosts {
+		if o.N != h.N && hostLists(t, o, paused.ID) {
+			t.Errorf("host %d runs the sandbox too", o.N)
+		}
+	}
+	if row, err := db.GetSandbox(ctx, paused.ID); err != nil || row.HostSlot != h.N || row.State != "running" {
+		t.Errorf("row after the resume: %+v %v", row, err)
+	}
+}
+
+// connect asks region's gateway to resume (or keep) sandbox id; safe to
+// call from any goroutine (it fails no test).
+func connect(region, id string) resp {
+	req, _ := http.NewRequest("POST", c.URL(region)+"/sandboxes/"+id+"/connect", strings.NewReader(`{"timeout": 120}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-API-KEY", c.Key)
+	r, err := client.Do(req)
+	if err != nil {
+		return resp{body: []byte(err.Error())}
+	}
+	defer r.Body.Close()
+	b, _ := io.ReadAll(r.Body)
+	return resp{r.StatusCode, r.Header, b}
 }
 
 func jsonOf(r resp, v any) error { return jsonUnmarshal(r.body, v) }

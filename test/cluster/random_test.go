@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -16,11 +17,15 @@ import (
 	"github.com/cellfork/cellfork/internal/ids"
 )
 
-// testNeverTwoCopies runs random lifecycle steps and host faults on a few
-// sandboxes and checks after each, by asking every host itself, that no
-// sandbox id is live on two hosts, that each live one is on the host its
-// id (or the moved map) names, and that every image the rows name is in
-// the chunk store whole (the hosts collect it meanwhile).
+// testNeverTwoCopies runs random lifecycle steps, moves and host faults
+// on a few sandboxes and checks after each, by asking every host itself,
+// that no sandbox id is live on two hosts, that each live one is on the
+// host its id (or the moved map) names, and that every image the rows
+// name is in the chunk store whole (the hosts collect it meanwhile). The
+// moves: a paused sandbox's host is cordoned and evacuated (the sandbox
+// resumed on its new host, with its state), and a host is evacuated with
+// --running (its running sandboxes checkpointed and moved too). Each runs
+// at least once.
 func testNeverTwoCopies(t *testing.T) {
 	ctx := context.Background()
 	db, err := clusterdb.Open(ctx, c.PG.URL)
@@ -42,10 +47,50 @@ func testNeverTwoCopies(t *testing.T) {
 		checkOneCopy(t, secrets.Internal)
 		rowsIntact(t)
 	}
-	for i := 0; i < 12; i++ {
-		switch op := rng.IntN(7); {
+	// Each sandbox knows its own id (in its REPL): a move must bring the
+	// same sandbox back.
+	mark := func(sb sandbox) {
+		if out, status := runCode(t, "eu", sb, fmt.Sprintf("me = %q; print(me)", sb.ID)); out != sb.ID+"\n" {
+			t.Fatalf("marking %s: %d %q", sb.ID, status, out)
+		}
+	}
+	// evacuate cordons host slot, evacuates it (with --running or not) and
+	// makes it active again.
+	evacuate := func(slot int, running bool) string {
+		args := []string{"evacuate", fmt.Sprint(slot)}
+		if running {
+			args = append(args, "--running")
+		}
+		if err := c.Admin(ctx, "cordon", fmt.Sprint(slot)); err != nil {
+			t.Fatal(err)
+		}
+		out, err := c.AdminOut(ctx, args...)
+		if aerr := c.Admin(ctx, "activate", fmt.Sprint(slot)); aerr != nil {
+			t.Fatal(aerr)
+		}
+		if err != nil {
+			t.Fatalf("evacuate %v: %v %s", args, err, out)
+		}
+		t.Logf("evacuate %v: %s", args, out)
+		time.Sleep(time.Second) // the gateways hear of the moves (NOTIFY)
+		return out
+	}
+	moved, evacuated := false, false
+	for i := 0; i < 14 || (!moved || !evacuated) && i < 18; i++ {
+		op := rng.IntN(9)
+		switch {
+		case i >= 10 && !moved:
+			op = 7
+		case i >= 12 && !evacuated:
+			op = 8
+		}
+		switch {
 		case op <= 1 || len(live) == 0:
-			step("create", func() { live = append(live, create(t, "eu", map[string]any{"timeout": 600})) })
+			step("create", func() {
+				sb := create(t, "eu", map[string]any{"timeout": 600})
+				mark(sb)
+				live = append(live, sb)
+			})
 		case op == 2:
 			sb := live[rng.IntN(len(live))]
 			step("pause "+sb.ID, func() { do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/pause", nil, nil) })
@@ -76,13 +121,73 @@ func testNeverTwoCopies(t *testing.T) {
 					t.Fatal(err)
 				}
 			})
+		case op == 7:
+			sb := live[rng.IntN(len(live))]
+			step("move "+sb.ID+": pause, evacuate its host, connect", func() {
+				do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/pause", map[string]any{"spill": true}, nil) // 409 if paused already
+				pausedInStore(t, sb.ID)
+				row, err := db.GetSandbox(ctx, sb.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if out := evacuate(row.HostSlot, false); !strings.Contains(out, sb.ID+" -> host ") {
+					t.Fatalf("%s did not move: %s", sb.ID, out)
+				}
+				if r := do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/connect", map[string]any{"timeout": 600}, nil); r.status/100 != 2 {
+					t.Fatalf("connect after the move: %d %s", r.status, r.body)
+				}
+				if after, err := db.GetSandbox(ctx, sb.ID); err != nil || after.HostSlot == row.HostSlot {
+					t.Fatalf("row after the move from host %d: %+v %v", row.HostSlot, after, err)
+				}
+				if out, status := runCode(t, "eu", sb, "print(me)"); out != sb.ID+"\n" {
+					t.Fatalf("%s after its move: %d %q", sb.ID, status, out)
+				}
+				// Its old host (up all along) drops its copy.
+				for _, h := range c.Hosts {
+					if h.N == row.HostSlot {
+						eventually(t, 10*time.Second, fmt.Sprintf("host %d to drop its copy of %s", h.N, sb.ID), func() bool { return !hostLists(t, h, sb.ID) })
+					}
+				}
+				moved = true
+			})
+		case op == 8:
+			h := c.Hosts[rng.IntN(2)]
+			step(fmt.Sprintf("evacuate host %d with --running", h.N), func() {
+				evacuate(h.N, true)
+				for _, sb := range live {
+					row, err := db.GetSandbox(ctx, sb.ID)
+					if err != nil {
+						continue
+					}
+					if row.HostSlot != h.N {
+						eventually(t, 10*time.Second, fmt.Sprintf("host %d to drop its copy of %s", h.N, sb.ID), func() bool { return !hostLists(t, h, sb.ID) })
+					}
+					if row.State == "running" {
+						if out, status := runCode(t, "eu", sb, "print(me)"); out != sb.ID+"\n" {
+							t.Fatalf("%s after the evacuation: %d %q", sb.ID, status, out)
+						}
+					}
+				}
+				evacuated = true
+			})
 		}
 	}
 }
 
-// checkOneCopy asks every host which sandboxes it runs.
+// checkOneCopy asks every host which sandboxes it runs (or keeps
+// paused): none is on two hosts, and each is on the host its id names
+// or, once moved, its row names.
 func checkOneCopy(t *testing.T, key []byte) {
 	t.Helper()
+	db, err := clusterdb.Open(context.Background(), c.PG.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	moved, err := db.Moved(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
 	where := map[string]int{}
 	for _, h := range c.Hosts {
 		req, _ := http.NewRequest("GET", "http://"+h.Addr+"/v2/sandboxes?state=running,paused&limit=1000", nil)
@@ -102,8 +207,12 @@ func checkOneCopy(t *testing.T, key []byte) {
 				t.Fatalf("sandbox %s is live on hosts %d and %d", s.ID, other, h.N)
 			}
 			where[s.ID] = h.N
-			if slot := decodeSlot(s.ID); slot != fmt.Sprint(h.N) {
-				t.Errorf("sandbox %s (slot %s) lives on host %d and has not moved", s.ID, slot, h.N)
+			slot := decodeSlot(s.ID)
+			if m, ok := moved[s.ID]; ok {
+				slot = fmt.Sprint(m)
+			}
+			if slot != fmt.Sprint(h.N) {
+				t.Errorf("sandbox %s lives on host %d, and its id or row names host %s", s.ID, h.N, slot)
 			}
 		}
 	}

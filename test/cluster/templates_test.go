@@ -2,10 +2,15 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cellfork/cellfork/internal/clusterdb"
 )
 
 // testTemplatesTravel: a custom template built through a gateway (E2B's
@@ -81,9 +86,77 @@ print(open("/srv/step.txt").read().strip(), urllib.request.urlopen("http://127.0
 		t.Fatalf("the pulled template on another host: %d %q", status, out)
 	}
 	t.Logf("first create from the template on another host (pull included): %s", took.Round(time.Millisecond))
+	// That host pulled it (its layers and warm image, into its own data
+	// directory); the template host did not.
+	b := hostOf(t, sb)
+	pulled := fmt.Sprintf(`msg="template pulled from the cluster" template.id=%s build.id=%s `, tpl.TemplateID, tpl.BuildID)
+	if !strings.Contains(b.Logs(), pulled) {
+		t.Errorf("host %d did not log the pull of build %s", b.N, tpl.BuildID)
+	}
+	for _, f := range []string{"artifact.json", "rootfs/srv/step.txt", "image/checkpoint.img"} {
+		if _, err := os.Stat(filepath.Join(b.DataDir, "custom-templates", "pulled", tpl.BuildID, f)); err != nil {
+			t.Errorf("host %d's pull of the template: %v", b.N, err)
+		}
+	}
+	if strings.Contains(c.Hosts[0].Logs(), pulled) {
+		t.Errorf("the template host pulled its own template")
+	}
 	second := create(t, "eu", map[string]any{"templateID": tpl.TemplateID})
 	if out, _ := runCode(t, "eu", second, check); out != "step travelled\n" {
 		t.Fatalf("a second sandbox from the pulled template: %q", out)
+	}
+
+	// A snapshot of a sandbox of the template, taken on the host that
+	// pulled it, starts a sandbox on the template host (the other one
+	// cordoned), from that host's own copy of the template's root.
+	if out, _ := runCode(t, "eu", sb, `q = 5; open("/tmp/snap.txt", "w").write("on B"); print(q)`); out != "5\n" {
+		t.Fatalf("setting state up: %q", out)
+	}
+	r = do(t, "eu", "POST", "/sandboxes/"+sb.ID+"/snapshots", map[string]any{"name": name + "-snap"}, nil)
+	if r.status != 201 {
+		t.Fatalf("snapshot: %d %s", r.status, r.body)
+	}
+	var sn struct {
+		ID string `json:"snapshotID"`
+	}
+	r.json(t, &sn)
+	t.Cleanup(func() { do(t, "eu", "DELETE", "/snapshots/"+sn.ID, nil, nil) })
+	waitUploaded(t, sn.ID)
+	if err := c.Admin(ctx, "activate", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Admin(ctx, "cordon", fmt.Sprint(b.N)); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := c.Admin(ctx, "activate", fmt.Sprint(b.N)); err != nil {
+			t.Errorf("activating host %d again: %v", b.N, err)
+		}
+	}()
+	time.Sleep(2 * time.Second) // the gateways hear of it (NOTIFY)
+	r = do(t, "eu", "POST", "/v2/sandboxes", map[string]any{"templateID": sn.ID, "timeout": 120}, nil)
+	if r.status != 201 {
+		t.Fatalf("create from the snapshot on another host: %d %s", r.status, r.body)
+	}
+	var restored sandbox
+	r.json(t, &restored)
+	t.Cleanup(func() { do(t, "eu", "DELETE", "/sandboxes/"+restored.ID, nil, nil) })
+	rh := hostOf(t, restored)
+	if rh.N == b.N {
+		t.Fatalf("restored on the cordoned host %d", b.N)
+	}
+	if out, status := runCode(t, "eu", restored, `print(q, open("/tmp/snap.txt").read())`+"\n"+check); out != "5 on B\nstep travelled\n" {
+		t.Fatalf("the snapshot restored on host %d: %d %q", rh.N, status, out)
+	}
+	db, err := clusterdb.Open(ctx, c.PG.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	row, err := db.GetRecord(ctx, restored.ID)
+	var rec struct{ Rootfs string }
+	if err != nil || json.Unmarshal(row.Record, &rec) != nil || !strings.HasPrefix(rec.Rootfs, rh.DataDir+"/") {
+		t.Errorf("the sandbox restored on host %d runs on root %q, not its host's copy of the template (%v)", rh.N, rec.Rootfs, err)
 	}
 
 	// Another team sees nothing of it.

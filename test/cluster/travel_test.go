@@ -20,6 +20,7 @@ import (
 	"github.com/cellfork/cellfork/internal/clusterdb"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/ids"
+	"github.com/cellfork/cellfork/internal/placement"
 	"github.com/cellfork/cellfork/test/cluster/harness"
 )
 
@@ -297,20 +298,20 @@ func testEvacuate(t *testing.T) {
 	}
 }
 
-// testForkOverflows: a fork with more children than the parent's host has
-// room for puts the others on another host, from the parent's state
-// through the chunk store; every child has that state, and the snapshot
-// that carried it is gone afterwards.
+// testForkOverflows: fork(4) of a parent whose host has room for 2 more
+// children like it (the parent is sized so) makes 2 children there and
+// puts the other 2 on other hosts, from the parent's state through the
+// parent's host (peer) before the chunk store; every child has that
+// state, and the snapshot that carried it is gone afterwards.
 func testForkOverflows(t *testing.T) {
-	parent := create(t, "eu", map[string]any{"memoryMB": 8192})
-	a := hostOf(t, parent)
+	parent, a := parentWithRoomFor(t, 2)
 	if out, status := runCode(t, "eu", parent, `z = "from the parent"; print(z)`); out != "from the parent\n" {
 		t.Fatalf("setting state up: %d %q", status, out)
 	}
 	if r := do(t, "eu", "POST", "/sandboxes/"+parent.ID+"/fork", map[string]any{"count": 65}, nil); r.status != 400 || !strings.Contains(string(r.body), "at most 64") {
 		t.Errorf("fork(65) beyond the parent's host: %d %s", r.status, r.body)
 	}
-	r := do(t, "eu", "POST", "/sandboxes/"+parent.ID+"/fork", map[string]any{"count": 3, "timeout": 60}, nil)
+	r := do(t, "eu", "POST", "/sandboxes/"+parent.ID+"/fork", map[string]any{"count": 4, "timeout": 60}, nil)
 	if r.status != 201 {
 		t.Fatalf("fork: %d %s", r.status, r.body)
 	}
@@ -322,8 +323,8 @@ func testForkOverflows(t *testing.T) {
 		} `json:"error"`
 	}
 	r.json(t, &results)
-	if len(results) != 3 {
-		t.Fatalf("fork(3) answered %d entries: %s", len(results), r.body)
+	if len(results) != 4 {
+		t.Fatalf("fork(4) answered %d entries: %s", len(results), r.body)
 	}
 	elsewhere := 0
 	var remote sandbox
@@ -341,14 +342,14 @@ func testForkOverflows(t *testing.T) {
 			t.Errorf("child %d (%s): %d %q", i, child.ID, status, out)
 		}
 	}
-	if elsewhere == 0 {
-		t.Fatalf("no child on another host (the parent's host %d has room for 3 children of 8 GiB?)", a.N)
+	if elsewhere != 2 {
+		t.Fatalf("%d of 4 children on hosts other than the parent's host %d, which had room for 2: want 2", elsewhere, a.N)
 	}
 	// Those children's image came from the parent's host, not the store:
 	// offered there (manifest), fetched by their host (peer), the upload
 	// not waited for (no export), every object from the peer.
 	st := r.header.Get("Server-Timing")
-	t.Logf("%d of 3 children on another host; Server-Timing %s", elsewhere, st)
+	t.Logf("2 of 4 children on other hosts; Server-Timing %s", st)
 	if !strings.Contains(st, "manifest;dur=") || !strings.Contains(st, "peer;dur=") || strings.Contains(st, "export;dur=") {
 		t.Errorf("the fork's Server-Timing has no manifest and peer phases, or waited for the upload: %s", st)
 	}
@@ -406,6 +407,70 @@ func testForkOverflows(t *testing.T) {
 	if r := do(t, "eu", "POST", "/sandboxes/"+parent.ID+"/merge", map[string]any{"sandboxID": remote.ID}, nil); r.status != 404 {
 		t.Errorf("merging the gone child again: %d %s", r.status, r.body)
 	}
+}
+
+// parentWithRoomFor creates a sandbox of region eu whose host, as the
+// gateway sees it, has room for exactly n more of its size: its memory
+// is a third of a host's free memory or so, chosen from the hosts' rows,
+// and checked once its host's row counts it (and the gateway has read
+// that row); a parent whose host's room came out otherwise (sandboxes
+// of earlier tests still going away) is killed and another made.
+func parentWithRoomFor(t *testing.T, n int64) (sandbox, *harness.Host) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := clusterdb.Open(ctx, c.PG.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	hostRow := func(slot int) clusterdb.Host {
+		t.Helper()
+		hosts, err := db.Hosts(ctx, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range hosts {
+			if h.Slot == slot {
+				return h
+			}
+		}
+		t.Fatalf("no row for host %d", slot)
+		return clusterdb.Host{}
+	}
+	var why []string
+	for range 3 {
+		// Room for n more after the parent: (n+1)·mem <= free < (n+2)·mem,
+		// with mem = free/(n+1.5) on the fullest eu host.
+		var free int64 = -1
+		for _, h := range c.Hosts {
+			if h.Region == "eu" {
+				row := hostRow(h.N)
+				if f := row.MemTotalMB - placement.Reserve - row.MemAllocMB; free < 0 || f < free {
+					free = f
+				}
+			}
+		}
+		mem := free * 2 / (2*n + 3)
+		parent := create(t, "eu", map[string]any{"memoryMB": mem})
+		created := time.Now()
+		a := hostOf(t, parent)
+		// A heartbeat of its host after the create answered (its host
+		// counts it then), and the gateway's next read of the rows
+		// (every second).
+		eventually(t, 10*time.Second, fmt.Sprintf("a heartbeat of host %d", a.N), func() bool { return hostRow(a.N).UpdatedAt.After(created) })
+		time.Sleep(1500 * time.Millisecond)
+		row := hostRow(a.N)
+		room := (row.MemTotalMB - placement.Reserve - row.MemAllocMB) / mem
+		if room == n {
+			t.Logf("parent %s of %d MiB on host %d: %d MiB allocated of %d, room for %d more", parent.ID, mem, a.N, row.MemAllocMB, row.MemTotalMB, room)
+			return parent, a
+		}
+		why = append(why, fmt.Sprintf("%d MiB on host %d: room for %d (%d of %d allocated)", mem, a.N, room, row.MemAllocMB, row.MemTotalMB))
+		do(t, "eu", "DELETE", "/sandboxes/"+parent.ID, nil, nil)
+		time.Sleep(3 * time.Second) // its release in the rows and the gateway's view
+	}
+	t.Fatalf("no parent whose host has room for %d more: %v", n, why)
+	return sandbox{}, nil
 }
 
 // testForkPeerUnreachable: a fork beyond the parent's host whose other

@@ -119,6 +119,7 @@ func testPacks(t *testing.T, b chunkstore.Backend) {
 	if ist.Transferred != st.Distinct || ist.Packs != st.Packs || cb.ranges.Load() != int64(st.Packs) || cb.gets.Load() != 1 {
 		t.Fatalf("cold import: %s; %d ranged reads, %d gets", &ist, cb.ranges.Load(), cb.gets.Load())
 	}
+	cache.Flush() // written behind the import
 	for _, h := range m.Hashes() {
 		if _, err := os.Stat(filepath.Join(cache.Dir(), filepath.FromSlash(chunkstore.ChunkKey(h)))); err != nil {
 			t.Fatalf("chunk %s not cached: %v", h, err)
@@ -201,6 +202,7 @@ func testCorruptPack(t *testing.T, b chunkstore.Backend) {
 				t.Fatalf("%s, cache %v: %v, want ErrCorrupt", name, cached, err)
 			}
 			if cache != nil {
+				cache.Flush()
 				if _, err := os.Stat(filepath.Join(cache.Dir(), filepath.FromSlash(chunkstore.ChunkKey(victim.Hash)))); err == nil {
 					t.Fatalf("%s: the bad chunk was cached", name)
 				}

@@ -86,6 +86,7 @@ func NewStoreWith(t testing.TB, b chunkstore.Backend, cached bool, opts chunksto
 		if c, err = chunkstore.OpenCache(t.TempDir(), 1<<30); err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(c.Flush) // its writes behind imports, before its directory goes
 	}
 	opts.Cache, opts.Retry = c, chunkstore.Retry{Attempts: 2, Base: 10 * time.Millisecond}
 	s, err := chunkstore.New(b, opts)
@@ -760,6 +761,7 @@ func (cs suite) testLinkFiles(t *testing.T, b chunkstore.Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(cache.Flush)
 	s, err := chunkstore.New(b, chunkstore.Options{Cache: cache, LinkFiles: true, PackBytes: cs.pack})
 	if err != nil {
 		t.Fatal(err)
