@@ -18,6 +18,13 @@ alternating A and B sample by sample so that both see the same machine:
   from the image and used once (a snapshot's, fork's or spill's work: what
   the daemon checkpoints is always restored), and the image's own size;
 * pss: PSS of a restored, idle sandbox (sentry + gofer), 2 s after restore;
+* pooled (not by default): what a sandbox from the daemon's warm pool
+  does: the side's image restored into a pre-created container and handed
+  off (POST /init), left idle for --idle seconds, then its first run_code
+  `print(1)`, timed, with the sandbox cgroup's CPU during it. The image's
+  first restore, before the samples, is a warm-up that hands off and runs
+  code within the 5 s in which the sentry records the image's working set
+  (0008), as the daemon's warm-up of each new warm image does;
 * diff (not by default): a leave-running checkpoint of the restored child
   (a diff image, referencing the side's image; untimed), restored into a
   pre-created container, then its first run_code: what create from a
@@ -209,10 +216,30 @@ print((time.perf_counter() - t0) * 1000)
 """
 
 
-def first_exec(side, cid):
+INIT = """
+import http.client, json
+c = http.client.HTTPConnection('10.88.0.2', 49983, timeout=30)
+c.request('POST', '/init', json.dumps({'envVars': {}, 'defaultUser': 'user', 'defaultWorkdir': '/home/user'}),
+          {'Content-Type': 'application/json'})
+r = c.getresponse()
+assert r.status // 100 == 2, r.status
+"""
+
+
+def hand_off(side, cid):
+    """POST /init to a restored sandbox's agent, as the daemon's hand-off."""
+    p = netns_run(side.raw, cid, INIT)
+    if p.returncode:
+        raise RuntimeError(f"{side.name}: /init failed: {p.stderr[-500:]}")
+
+
+def first_exec(side, cid, code=None):
     """Time of the first run_code of a restored sandbox (its REPL's first
     touches of memory after the restore), measured inside its router netns."""
-    p = netns_run(side.raw, cid, FIRST_EXEC)
+    src = FIRST_EXEC
+    if code is not None:
+        src = src.replace("'x = sum(range(1000)); print(x)'", repr(code)).replace("'499500'", "''")
+    p = netns_run(side.raw, cid, src)
     if p.returncode:
         raise RuntimeError(f"{side.name}: first run_code failed: {p.stderr[-500:]}")
     return float(p.stdout.strip())
@@ -324,6 +351,81 @@ def diff_restore(side):
         rm(img)
 
 
+def warm_up(side):
+    """The image's first restore, as the daemon's warm-up: handed off and
+    running code within the sentry's working-set window (0008), then gone."""
+    cid = side.raw.setup(side.spec, prepared=True)
+    try:
+        side.raw.restore(cid, side.image)
+        side.raw.check(cid)
+        hand_off(side, cid)
+        first_exec(side, cid, "print(sum(range(10)))")
+        time.sleep(5.5)
+    finally:
+        side.raw.delete(cid)
+
+
+def pooled(side, idle):
+    """A pooled sandbox's first run_code: restored (untimed), handed off,
+    idle for idle seconds, then print(1); its time, the sandbox's CPU during
+    it, and the sentry's diagnostic counters, if its build logs them."""
+    with thp(side.thp):
+        cid = side.raw.setup(side.spec, prepared=True)
+    try:
+        side.raw.restore(cid, side.image)
+        side.raw.check(cid)
+        hand_off(side, cid)
+        time.sleep(idle)
+        cpu0, t0 = cpu_ms(cid), time.time()
+        fe = first_exec(side, cid, "print(1)")
+        cpu1, t1 = cpu_ms(cid), time.time()
+        ph = {"first run_code of a pooled sandbox (ms)": fe}
+        if cpu0 is not None and cpu1 is not None:
+            ph["sandbox CPU during it (ms)"] = cpu1 - cpu0
+        time.sleep(0.1)
+        ph.update(cf_counters(side.logs, cid, t0, t1))
+        return fe, ph
+    finally:
+        side.raw.delete(cid)
+
+
+CF = re.compile(r"cellfork-cf: (.*)$")
+
+
+def cf_counters(logdir, cid, a, b):
+    """The change between times a and b of the counters a diagnostic sentry
+    build logs ("cellfork-cf: k=v ...", cumulative, every 20 ms while they
+    change); empty for other builds."""
+    lines = []
+    for f in glob.glob(os.path.join(logdir, f"runsc.{cid}.*")):
+        for line in open(f, errors="replace"):
+            if (m := CF.search(line)) and (t := line_time(line)) is not None:
+                lines.append((t, dict(kv.split("=", 1) for kv in m.group(1).split())))
+    lines.sort(key=lambda x: x[0])
+
+    def at(t):
+        got = {}
+        for lt, kv in lines:
+            if lt <= t:
+                got = kv
+        return got
+    x, y = at(a), at(b + 0.03)
+    out = {}
+    for k, v in y.items():
+        if k == "byname":
+            old = dict(p.split(":", 1) for p in x.get("byname", "").split(",") if ":" in p)
+            for p in v.split(","):
+                if ":" in p:
+                    n, c = p.split(":", 1)
+                    f1, w1, m1 = (float(z) for z in c.split("/"))
+                    f0, w0, m0 = (float(z) for z in old.get(n, "0/0/0").split("/"))
+                    out[f"sentry faults of {n}"] = f1 - f0
+                    out[f"  their time in the sentry, {n} (ms)"] = m1 - m0
+        else:
+            out[f"sentry {k}"] = float(v) - float(x.get(k, 0))
+    return out
+
+
 def pss(side):
     cid = side.raw.setup(side.spec, prepared=False)
     try:
@@ -345,7 +447,8 @@ def main():
     ap.add_argument("--thp", choices=["a", "b", "both", "none"], default="none", help="which side runs with host shmem huge pages")
     ap.add_argument("--n", type=int, default=10, help="samples per side and operation")
     ap.add_argument("--fork", type=int, default=5, help="parallel restores in the fork row")
-    ap.add_argument("--ops", default="restore,fork,checkpoint,pss", help="comma-separated subset of restore,fork,checkpoint,pss,diff")
+    ap.add_argument("--ops", default="restore,fork,checkpoint,pss", help="comma-separated subset of restore,fork,checkpoint,pss,diff,pooled")
+    ap.add_argument("--idle", type=float, default=2.0, help="seconds a pooled sandbox idles after its hand-off")
     args = ap.parse_args()
     ops = args.ops.split(",")
     sides = [Side("A", args.a, args.a_flags, args.thp in ("a", "both")),
@@ -357,7 +460,7 @@ def main():
     if src is None:
         raise SystemExit("the daemon has no ready sandbox to take a bundle from")
     t_start, load0 = time.time(), os.getloadavg()[0]
-    res = {s.name: {"restore": [], "rphase": [], "diff": [], "dphase": [], "fork": [], "ckpt": [], "size": [], "sphase": [], "pss": [], "uss": []} for s in sides}
+    res = {s.name: {"restore": [], "rphase": [], "diff": [], "dphase": [], "fork": [], "ckpt": [], "size": [], "sphase": [], "pss": [], "uss": [], "pooled": [], "pphase": []} for s in sides}
     timers, procs = {}, {}
     try:
         for s in sides:
@@ -366,6 +469,8 @@ def main():
             t, img = raw_checkpoint(s, s.parent)
             s.image = img
             log(f"{s.name}: image {dir_mb(img):.0f} MB")
+            if "pooled" in ops:
+                warm_up(s)
             if "checkpoint" in ops or "diff" in ops:
                 # The sandbox the checkpoint samples save: restored, used.
                 with thp(s.thp):
@@ -388,6 +493,10 @@ def main():
                     t, ph = diff_restore(s)
                     r["diff"].append(t)
                     r["dphase"].append(ph)
+                if "pooled" in ops:
+                    t, ph = pooled(s, args.idle)
+                    r["pooled"].append(t)
+                    r["pphase"].append(ph)
                 if "checkpoint" in ops:
                     t, size, ph = checkpoint(s)
                     r["ckpt"].append(t)
@@ -429,6 +538,8 @@ def main():
     phase_pair("rphase", PHASES_RESTORE)
     pair("`runsc restore` of a diff image (a checkpoint of a restored sandbox) into a pre-created container", "diff")
     phase_pair("dphase", PHASES_RESTORE)
+    pair(f"first run_code of a pooled sandbox (restored, handed off, idle {args.idle:g} s)", "pooled")
+    phase_pair("pphase", [])
     pair(f"{args.fork} parallel `runsc restore` into new containers (wall)", "fork")
     pair("`runsc checkpoint --leave-running` of a restored sandbox", "ckpt")
     phase_pair("sphase", PHASES_SAVE)

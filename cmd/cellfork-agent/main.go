@@ -72,8 +72,11 @@ func main() {
 		case <-r.Context().Done():
 		}
 	})
+	// Both ports' requests count as activity: the spare shell envd starts
+	// after /init waits for them to go quiet.
+	act := agent.NewActivity()
 	errc := make(chan error, 2)
-	for addr, h := range map[string]http.Handler{*envdAddr: envd.New(s, daemonAddr), *codeAddr: code} {
+	for addr, h := range map[string]http.Handler{*envdAddr: envd.New(s, daemonAddr, act), *codeAddr: act.Wrap(code)} {
 		srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 30 * time.Second}
 		go func() { errc <- srv.ListenAndServe() }()
 	}

@@ -45,13 +45,28 @@ type Handler struct {
 // processes and watchers are left alone).
 func (h *Handler) Close() { h.proc.zygotes.close() }
 
+// Spare shell after /init: the default user's zygote is started once no
+// request (on either port) has been in flight for zygoteQuiet, or
+// zygoteMaxWait after the /init at the latest. Starting bash costs the
+// sandbox 6-14 ms of CPU, which beside the first requests of a sandbox just
+// taken from the pool (its hand-off, the client's first run_code) slowed
+// them down.
+const (
+	zygoteQuiet   = 100 * time.Millisecond
+	zygoteMaxWait = time.Second
+)
+
 // New returns the handler of the envd port. Its processes and watchers
 // live as long as the returned handler. POST /init sets the sandbox's
 // environment and process limits: only the daemon may, so when daemon is
 // valid it is the only source address /init answers (code inside the
 // sandbox connects from elsewhere; the daemon refuses /init from its
-// clients).
-func New(s *agent.Settings, daemon netip.Addr) *Handler {
+// clients). act counts the agent's requests (the handler counts its own
+// in it; nil: a new one, for this port's requests only).
+func New(s *agent.Settings, daemon netip.Addr, act *agent.Activity) *Handler {
+	if act == nil {
+		act = agent.NewActivity()
+	}
 	mux := http.NewServeMux()
 	ps := newProcessService(s)
 	mux.Handle(processconnect.NewProcessHandler(ps))
@@ -71,9 +86,9 @@ func New(s *agent.Settings, daemon netip.Addr) *Handler {
 			}
 		}
 		if handleInit(s, w, r) {
-			// The default user's spare shell, with the new settings; a moment
-			// later, so as not to slow the create that sent this.
-			time.AfterFunc(20*time.Millisecond, ps.warmDefault)
+			// The default user's spare shell, with the new settings, once
+			// the sandbox's first requests are done.
+			act.AfterQuiet(zygoteQuiet, zygoteMaxWait, ps.warmDefault)
 		}
 	})
 	mux.HandleFunc("GET /envs", func(w http.ResponseWriter, r *http.Request) {
@@ -81,7 +96,7 @@ func New(s *agent.Settings, daemon netip.Addr) *Handler {
 		_ = json.NewEncoder(w).Encode(s.Envs())
 	})
 	mux.Handle("GET /metrics", &metricsHandler{procRoot: "/proc"})
-	return &Handler{Handler: mux, proc: ps}
+	return &Handler{Handler: act.Wrap(mux), proc: ps}
 }
 
 // maxUploadBytes reads CELLFORK_MAX_UPLOAD_BYTES (a positive byte count).

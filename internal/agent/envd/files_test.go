@@ -418,7 +418,7 @@ func TestHealthInitEnvsMetrics(t *testing.T) {
 func TestInitOnlyFromTheDaemon(t *testing.T) {
 	s := agent.NewSettings()
 	s.Init("root", t.TempDir(), nil)
-	h := New(s, netip.MustParseAddr("10.88.0.1"))
+	h := New(s, netip.MustParseAddr("10.88.0.1"), nil)
 	defer h.Close()
 	srv := httptest.NewServer(h)
 	defer srv.Close()

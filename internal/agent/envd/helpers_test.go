@@ -44,7 +44,7 @@ func newEnv(t *testing.T) *env {
 	// dotfiles (a host profile that takes locks, like pyenv's, would make
 	// the tests depend on the machine).
 	s.Init("root", dir, map[string]string{"CELLFORK_GLOBAL": "g", "HOME": dir})
-	h := New(s, netip.Addr{})
+	h := New(s, netip.Addr{}, nil)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { poll(t, "no leaked child processes", func() bool { return len(children()) == 0 }) })
