@@ -119,7 +119,7 @@ class Table:
             self.rows.append(f"| {name} | 0 | - | - | - | - | | {seed} | |")
             return
         n, lo, p50, p95, mean = stats(xs)
-        ratio = f"{p50 / med(raw):.2f}x" if raw else ""
+        ratio = f"{p50 / med(raw):.2f}x" if raw and med(raw) else ""
         tgt = "" if target is None else f"<= {target} {unit}: {'met' if p50 <= target else 'MISSED'}"
         self.rows.append(f"| {name} | {n} | {lo:.1f} | {p50:.1f} | {p95:.1f} | {mean:.1f} | {ratio} | {seed} | {tgt} |")
 
