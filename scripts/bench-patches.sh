@@ -16,17 +16,13 @@
 #   ws          0008 working-set           --upto 7  vs --upto 8
 #   diff        0009 diff-prefetch         --upto 8  vs --upto 9 (restores of a diff image)
 #   fdtable     0010 fd-table              --upto 9  vs --upto 10
-#   umount      0011 umount-early          --upto 10 vs --upto 11
-#   pipeline    0012 decode-pipeline       --upto 11 vs --upto 12
-#   bytes       0013 state-bytes           --upto 12 vs --upto 13
-#   stubs       0014 stub-pool             --upto 13 vs --upto 14
 #   background-cow  --background on the full set
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=8
 if [ "${1:-}" = --n ]; then n=$2; shift 2; fi
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(loader background thp zeroscan gc cow sync heap ws diff fdtable umount pipeline bytes stubs background-cow)
+[ ${#steps[@]} -gt 0 ] || steps=(loader background thp zeroscan gc cow sync heap ws diff fdtable background-cow)
 
 b() { scripts/build-runsc.sh "$@" | tail -n 1; }
 full=$(b)
@@ -53,10 +49,6 @@ for s in "${steps[@]}"; do
     ws) run "0008 working-set" "$(b --upto 7)" "$(b --upto 8)" ;;
     diff) run "0009 diff-prefetch" "$(b --upto 8)" "$(b --upto 9)" --ops diff,restore,pss ;;
     fdtable) run "0010 fd-table" "$(b --upto 9)" "$(b --upto 10)" --ops restore,diff ;;
-    umount) run "0011 umount-early" "$(b --upto 10)" "$(b --upto 11)" --ops restore,diff ;;
-    pipeline) run "0012 decode-pipeline" "$(b --upto 11)" "$(b --upto 12)" --ops restore,diff ;;
-    bytes) run "0013 state-bytes" "$(b --upto 12)" "$(b --upto 13)" --ops restore,diff,checkpoint ;;
-    stubs) run "0014 stub-pool" "$(b --upto 13)" "$(b --upto 14)" --ops restore,diff,pss ;;
     background-cow) run "runsc restore --background, with every patch" "$full" "$full" --b-flags=--background ;;
     *) echo "bench-patches: unknown step $s" >&2; exit 2 ;;
   esac
