@@ -17,13 +17,14 @@
 #   diff        0009 diff-prefetch         --upto 8  vs --upto 9 (restores of a diff image)
 #   fdtable     0010 fd-table              --upto 9  vs --upto 10
 #   pipeline    0011 decode-pipeline       --upto 10 vs --upto 11
+#   stubs       0012 stub-pool             --upto 11 vs --upto 12
 #   background-cow  --background on the full set
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=8
 if [ "${1:-}" = --n ]; then n=$2; shift 2; fi
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(loader background thp zeroscan gc cow sync heap ws diff fdtable pipeline background-cow)
+[ ${#steps[@]} -gt 0 ] || steps=(loader background thp zeroscan gc cow sync heap ws diff fdtable pipeline stubs background-cow)
 
 b() { scripts/build-runsc.sh "$@" | tail -n 1; }
 full=$(b)
@@ -51,6 +52,7 @@ for s in "${steps[@]}"; do
     diff) run "0009 diff-prefetch" "$(b --upto 8)" "$(b --upto 9)" --ops diff,restore,pss ;;
     fdtable) run "0010 fd-table" "$(b --upto 9)" "$(b --upto 10)" --ops restore,diff ;;
     pipeline) run "0011 decode-pipeline" "$(b --upto 10)" "$(b --upto 11)" --ops restore,diff ;;
+    stubs) run "0012 stub-pool" "$(b --upto 11)" "$(b --upto 12)" --ops restore,diff,pss ;;
     background-cow) run "runsc restore --background, with every patch" "$full" "$full" --b-flags=--background ;;
     *) echo "bench-patches: unknown step $s" >&2; exit 2 ;;
   esac
