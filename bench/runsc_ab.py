@@ -285,6 +285,9 @@ def one_restore(side, flags=(), image=None):
         time.sleep(0.5)  # background page loading finishes, the timer logs
         files = logs_of(side, cid)
         ph = phases_in(files, PHASES_RESTORE)
+        dec, whole = PHASES_RESTORE[0][0], PHASES_RESTORE[1][0]
+        if dec in ph and whole in ph:
+            ph["VFS and network restore (whole kernel load minus decode)"] = ph[whole] - ph[dec]
         ph["first run_code after the restore (ms)"] = fe
         if cpu0 is not None and cpu1 is not None:
             ph["sandbox CPU, restore + first run_code (ms)"] = cpu1 - cpu0

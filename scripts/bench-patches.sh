@@ -15,13 +15,16 @@
 #   heap        0007 release-heap          --upto 6  vs --upto 7
 #   ws          0008 working-set           --upto 7  vs --upto 8
 #   diff        0009 diff-prefetch         --upto 8  vs --upto 9 (restores of a diff image)
+#   fdtable     0010 fd-table              --upto 9  vs --upto 10
+#   pipeline    0011 decode-pipeline       --upto 10 vs --upto 11
+#   stubs       0012 stub-pool             --upto 11 vs --upto 12
 #   background-cow  --background on the full set
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=8
 if [ "${1:-}" = --n ]; then n=$2; shift 2; fi
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(loader background thp zeroscan gc cow sync heap ws diff background-cow)
+[ ${#steps[@]} -gt 0 ] || steps=(loader background thp zeroscan gc cow sync heap ws diff fdtable pipeline stubs background-cow)
 
 b() { scripts/build-runsc.sh "$@" | tail -n 1; }
 full=$(b)
@@ -47,6 +50,9 @@ for s in "${steps[@]}"; do
     heap) run "0007 release-heap" "$(b --upto 6)" "$(b --upto 7)" ;;
     ws) run "0008 working-set" "$(b --upto 7)" "$(b --upto 8)" ;;
     diff) run "0009 diff-prefetch" "$(b --upto 8)" "$(b --upto 9)" --ops diff,restore,pss ;;
+    fdtable) run "0010 fd-table" "$(b --upto 9)" "$(b --upto 10)" --ops restore,diff ;;
+    pipeline) run "0011 decode-pipeline" "$(b --upto 10)" "$(b --upto 11)" --ops restore,diff ;;
+    stubs) run "0012 stub-pool" "$(b --upto 11)" "$(b --upto 12)" --ops restore,diff,pss ;;
     background-cow) run "runsc restore --background, with every patch" "$full" "$full" --b-flags=--background ;;
     *) echo "bench-patches: unknown step $s" >&2; exit 2 ;;
   esac

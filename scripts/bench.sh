@@ -14,6 +14,8 @@
 #         hot run_code, memory; not part of "all")
 #   runsc: bench/runsc_ab.py (two runsc builds side by side: --a DIR --b DIR,
 #         build directories from scripts/build-runsc.sh; not part of all)
+#   profile: bench/runsc_profile.py (one build's sentry CPU profile over n
+#         restores, and its per-type decode stats: --build DIR; not part of all)
 #   templates: bench/templates.py (a custom template built cold and with a
 #         warm cache; create and first request beside base)
 # Options other than --quick belong to one suite; pass them with --suite.
@@ -29,12 +31,12 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$suite" in
-  all|core|fork|noisy|templates|languages|runsc) ;;
+  all|core|fork|noisy|templates|languages|runsc|profile) ;;
   cluster) exec go run ./bench/cluster -bin bin/cellfork -template-dir "${DATA_DIR:-/var/lib/cellfork}/templates" "${args[@]}" ;;
-  *) echo "usage: scripts/bench.sh [--suite all|core|fork|noisy|templates|cluster|languages|runsc] [--quick] [suite options]" >&2; exit 2 ;;
+  *) echo "usage: scripts/bench.sh [--suite all|core|fork|noisy|templates|cluster|languages|runsc|profile] [--quick] [suite options]" >&2; exit 2 ;;
 esac
 . scripts/lib.sh
-if [ "$suite" = runsc ]; then
+if [ "$suite" = runsc ] || [ "$suite" = profile ]; then
   # A bundle to copy and a quiet daemon: one ready sandbox, nothing else.
   start_test_daemon --pool-ready 1 --pool-shells 0 --standby-snapshots 0
 else
@@ -48,4 +50,5 @@ if [ "$suite" = all ] || [ "$suite" = noisy ]; then .venv/bin/python bench/noisy
 if [ "$suite" = all ] || [ "$suite" = templates ]; then .venv/bin/python bench/templates.py "${args[@]}" || rc=$?; fi
 if [ "$suite" = languages ]; then .venv/bin/python bench/languages.py "${args[@]}" || rc=$?; fi
 if [ "$suite" = runsc ]; then .venv/bin/python bench/runsc_ab.py "${args[@]}" || rc=$?; fi
+if [ "$suite" = profile ]; then .venv/bin/python bench/runsc_profile.py "${args[@]}" || rc=$?; fi
 exit $rc
