@@ -284,3 +284,77 @@ print('ok')
 		fmt.Sprintf("%d of %d children, parent %v, later restore %v, diff of a diff %v", own, len(kids), parentOwn, laterClean, chained),
 		own == len(kids) && parentOwn && laterClean && chained)
 }
+
+// imageDocs sums up, in a sandbox's REPL, the docstrings of the modules the
+// warm image holds (strings in its memory since the image was taken): how
+// many, and a digest of their contents.
+const imageDocs = `
+import sys, ctypes, hashlib
+def image_docs():
+    return [d for _, d in sorted((n, getattr(m, '__doc__', None)) for n, m in list(sys.modules.items()))
+            if type(d) is str and d.isascii() and ' ' in d and len(d) > 20]
+def docs_digest():
+    ds = image_docs()
+    return '%d %s' % (len(ds), hashlib.sha256('\0'.join(ds).encode()).hexdigest())
+print(docs_digest())
+`
+
+// overwriteDocs overwrites those docstrings in place with 'Z's: writes
+// into pages of the image that the sandbox's restore mapped, many of them
+// before any request (patches/gvisor: premap).
+const overwriteDocs = `
+n = 0
+for d in image_docs():
+    ctypes.memset(id(d) + sys.getsizeof(d) - len(d) - 1, ord('Z'), len(d))
+    n += len(d)
+print(n, all(set(d) == {'Z'} for d in image_docs()))
+`
+
+// TestPremapIsolation: a pooled sandbox's restore maps, before its first
+// request, the image's memory that the warm image's first request touched
+// (patches/gvisor: premap). Writes to that memory stay the sandbox's own:
+// a sandbox that writes over strings of the image sees its writes, and a
+// sibling restored before the writes and a sandbox restored after them see
+// the image.
+func TestPremapIsolation(t *testing.T) {
+	pooled := func() sandboxInfo {
+		t.Helper()
+		waitPool(t)
+		sb, mode := createMode(t, nil)
+		if mode != "pool" {
+			t.Fatalf("%s: bootMode %q, want a pooled sandbox", sb.SandboxID, mode)
+		}
+		return sb
+	}
+	sibling := pooled()
+	writer := pooled()
+	image := stdoutOf(runCode(t, sibling, imageDocs))
+	var n int
+	if _, err := fmt.Sscanf(image, "%d ", &n); err != nil || n < 20 {
+		t.Fatalf("the image's docstrings: %q", image)
+	}
+	if got := stdoutOf(runCode(t, writer, imageDocs)); got != image {
+		t.Fatalf("two restores of one image differ before any write: %q, %q", got, image)
+	}
+	out := stdoutOf(runCode(t, writer, overwriteDocs))
+	var written int
+	var all string
+	if _, err := fmt.Sscanf(out, "%d %s", &written, &all); err != nil || written < 20*n || all != "True" {
+		t.Fatalf("overwriting the docstrings: %q", out)
+	}
+	t.Logf("%d docstrings of the image, %d bytes overwritten", n, written)
+	if got := stdoutOf(runCode(t, writer, "print(docs_digest())")); got == image {
+		t.Fatalf("the writer does not see its writes: %q", got)
+	}
+	if got := stdoutOf(runCode(t, sibling, "print(docs_digest())")); got != image {
+		t.Errorf("a sibling sees the writer's writes: %q, want %q", got, image)
+	}
+	// Sandboxes restored after the writes (the pool refilled meanwhile).
+	for i := 0; i < 3; i++ {
+		later := pooled()
+		if got := stdoutOf(runCode(t, later, imageDocs)); got != image {
+			t.Errorf("a later restore sees the writer's writes: %q, want %q", got, image)
+		}
+		killQuietly(later.SandboxID)
+	}
+}
