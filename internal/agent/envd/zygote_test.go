@@ -12,11 +12,13 @@ import (
 )
 
 // inZygote runs script until a zygote serves it (the first may start its
-// own shell while the spare is on its way) and returns that run.
+// own shell while the spare is on its way) and returns that run. A zygote's
+// command line is exactly bash -l -c zygoteBoot (a fresh shell's holds the
+// script, zygoteBoot's text included).
 func inZygote(t *testing.T, e *env, script string) *result {
 	t.Helper()
 	for range 50 {
-		r, err := e.start(ctxTimeout(t, 20*time.Second), bash(`grep -qF -- '`+zygoteBoot+`' /proc/$$/cmdline && echo Z; `+script), nil)
+		r, err := e.start(ctxTimeout(t, 20*time.Second), bash(`[ "$(tr '\0' ' ' </proc/$$/cmdline)" = '/bin/bash -l -c `+zygoteBoot+` ' ] && echo Z; `+script), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
