@@ -279,10 +279,7 @@ func lastLine(s string) string {
 // the artifact in the runtime identity rows and placement match on.
 func testTemplateArtifact(t *testing.T) {
 	ctx := context.Background()
-	db, err := clusterdb.Open(ctx, c.PG.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := openDB(t)
 	defer db.Close()
 	def, err := template.Hash("base")
 	if err != nil {
@@ -379,4 +376,15 @@ func testNewHostPulls(t *testing.T) {
 	if out, status := runCode(t, "eu", from, "print(x)"); out != "taken on another host\n" {
 		t.Errorf("the snapshot's state on the new host: %d %q", status, out)
 	}
+}
+
+// openDB connects to the cluster's database, as a host does; the caller
+// closes it.
+func openDB(t *testing.T) *clusterdb.DB {
+	t.Helper()
+	db, err := clusterdb.Open(context.Background(), c.PG.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db
 }

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cellfork/cellfork/internal/clusterdb"
 	"github.com/cellfork/cellfork/internal/ids"
 	"github.com/cellfork/cellfork/test/cluster/harness"
 )
@@ -213,10 +212,7 @@ func testHostKilled(t *testing.T) {
 	if out, status := runCode(t, "eu", paused, `import os; blob = os.urandom(192 << 20); v = 23; print(len(blob))`); out != "201326592\n" {
 		t.Fatalf("setting state up: %d %q", status, out)
 	}
-	db, err := clusterdb.Open(ctx, c.PG.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := openDB(t)
 	defer db.Close()
 	secrets, err := db.EnsureSecrets(ctx, ids.RandomKey)
 	if err != nil {

@@ -28,10 +28,7 @@ import (
 // at least once.
 func testNeverTwoCopies(t *testing.T) {
 	ctx := context.Background()
-	db, err := clusterdb.Open(ctx, c.PG.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := openDB(t)
 	defer db.Close()
 	secrets, err := db.EnsureSecrets(ctx, ids.RandomKey)
 	if err != nil {

@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/cellfork/cellfork/internal/clusterdb"
 )
 
 // testTemplatesTravel: a custom template built through a gateway (E2B's
@@ -148,10 +146,7 @@ print(open("/srv/step.txt").read().strip(), urllib.request.urlopen("http://127.0
 	if out, status := runCode(t, "eu", restored, `print(q, open("/tmp/snap.txt").read())`+"\n"+check); out != "5 on B\nstep travelled\n" {
 		t.Fatalf("the snapshot restored on host %d: %d %q", rh.N, status, out)
 	}
-	db, err := clusterdb.Open(ctx, c.PG.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := openDB(t)
 	defer db.Close()
 	row, err := db.GetRecord(ctx, restored.ID)
 	var rec struct{ Rootfs string }

@@ -45,10 +45,7 @@ func waitUploaded(t *testing.T, id string) map[string]any {
 func pausedInStore(t *testing.T, id string) *clusterdb.DB {
 	t.Helper()
 	ctx := context.Background()
-	db, err := clusterdb.Open(ctx, c.PG.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := openDB(t)
 	t.Cleanup(db.Close)
 	eventually(t, 60*time.Second, "the paused image to be in the chunk store", func() bool {
 		row, err := db.GetSandbox(ctx, id)
@@ -418,10 +415,7 @@ func testForkOverflows(t *testing.T) {
 func parentWithRoomFor(t *testing.T, n int64) (sandbox, *harness.Host) {
 	t.Helper()
 	ctx := context.Background()
-	db, err := clusterdb.Open(ctx, c.PG.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := openDB(t)
 	defer db.Close()
 	hostRow := func(slot int) clusterdb.Host {
 		t.Helper()
@@ -633,10 +627,7 @@ func testStoreOutage(t *testing.T) {
 			}
 		}
 	}()
-	db, err := clusterdb.Open(ctx, c.PG.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := openDB(t)
 	defer db.Close()
 
 	// The export meets the outage: the pause answers, the row waits.
@@ -815,10 +806,7 @@ func testStoreCollects(t *testing.T) {
 func rowsIntact(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
-	db, err := clusterdb.Open(ctx, c.PG.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := openDB(t)
 	defer db.Close()
 	roots, err := db.StoreRoots(ctx)
 	if err != nil {
