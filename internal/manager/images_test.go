@@ -353,6 +353,7 @@ func TestUploadResumesAfterRestart(t *testing.T) {
 // record.
 type otherHost struct {
 	m      *Manager
+	peer   **Manager // m, for a host made before its peer (when m is nil)
 	change func(*sandbox.Snapshot)
 	moved  map[string]bool // sandboxes of m moved to the host that asks
 	// roots, round and rootsErr are StoreRoots' answer.
@@ -405,6 +406,9 @@ func (o otherHost) FindSnapshot(ctx context.Context, team, idOrName string) (*sa
 func (o otherHost) MovedHere(ctx context.Context, id string) (*sandbox.Sandbox, error) {
 	if !o.moved[id] {
 		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %q not found", id)
+	}
+	if o.m == nil {
+		o.m = *o.peer
 	}
 	rec, err := o.m.st.Get(ctx, id)
 	if err != nil || rec.PausedRoot == "" && rec.State != sandbox.StateRunning {
@@ -498,15 +502,18 @@ func TestAnotherHostsSnapshot(t *testing.T) {
 // not know it.
 func TestPausedSandboxMoves(t *testing.T) {
 	images := newMemImages()
+	var bm *Manager
+	back := map[string]bool{} // moved from b back to a
 	a := newEnv(t, nil)
 	a.m.Close()
-	a.images, a.cluster = images, otherHost{}
+	a.images, a.cluster = images, otherHost{peer: &bm, moved: back}
 	a.start()
 	b := newEnv(t, nil)
 	b.m.Close()
 	moved := map[string]bool{}
 	b.images, b.cluster = images, otherHost{m: a.m, moved: moved}
 	b.start()
+	bm = b.m
 
 	sb := a.create(sandbox.CreateRequest{})
 	a.write(sb.ID, "paused-on-a")
@@ -538,6 +545,31 @@ func TestPausedSandboxMoves(t *testing.T) {
 	}
 	if m := b.memory(sb.ID); m != "paused-on-a" {
 		t.Errorf("memory %q after the move", m)
+	}
+
+	// And back: a dropped its copy when it moved (a tombstone), and
+	// adopts it again once the cluster moves it back.
+	a.m.Drop(context.Background(), sb.ID, "it moved to another host")
+	if _, err := a.m.Get(context.Background(), sb.ID); !errors.Is(err, sandbox.ErrDied) {
+		t.Fatalf("a's copy after the drop: %v", err)
+	}
+	b.write(sb.ID, "paused-on-b")
+	if err := b.m.Pause(context.Background(), sb.ID, sandbox.PauseRequest{Spill: true}); err != nil {
+		t.Fatal(err)
+	}
+	for rec = nil; rec == nil || rec.PausedRoot == ""; {
+		if time.Now().After(deadline.Add(10 * time.Second)) {
+			t.Fatalf("b's paused image was not uploaded: %+v", rec)
+		}
+		time.Sleep(20 * time.Millisecond)
+		rec, _ = b.m.Get(context.Background(), sb.ID)
+	}
+	back[sb.ID] = true
+	if _, resumed, err := a.m.Connect(context.Background(), sb.ID, sandbox.ConnectRequest{}); err != nil || !resumed {
+		t.Fatalf("connect on the host it moved back to: %v (resumed %v)", err, resumed)
+	}
+	if m := a.memory(sb.ID); m != "paused-on-b" {
+		t.Errorf("memory %q after the move back", m)
 	}
 }
 

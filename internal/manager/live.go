@@ -35,8 +35,11 @@ func (m *Manager) lives() []*Live {
 // lookup returns the live sandbox or a NotFound error.
 func (m *Manager) lookup(ctx context.Context, id string) (*Live, error) {
 	l, err := m.find(ctx, id)
-	if errors.Is(err, errdefs.ErrNotFound) && m.cluster != nil && !errors.Is(err, sandbox.ErrDied) {
-		// Perhaps a paused sandbox the cluster moved here.
+	if errors.Is(err, errdefs.ErrNotFound) && m.cluster != nil {
+		// Perhaps a paused sandbox the cluster moved here: also one that
+		// died here, as a copy dropped when it moved away and now moved
+		// back (its tombstone answers only if the cluster has no row
+		// naming this host).
 		if aerr := m.adoptMoved(ctx, id); aerr == nil {
 			return m.find(ctx, id)
 		} else if !errors.Is(aerr, errdefs.ErrNotFound) {

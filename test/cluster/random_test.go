@@ -7,6 +7,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -35,7 +37,12 @@ func testNeverTwoCopies(t *testing.T) {
 		t.Fatal(err)
 	}
 	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	if s := os.Getenv("CELLFORK_SEED"); s != "" { // a failed run's seed, again
+		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatalf("CELLFORK_SEED: %v", err)
+		}
+	}
+	t.Logf("seed %d (CELLFORK_SEED runs it again)", seed)
 	rng := rand.New(rand.NewPCG(seed, 7))
 	var live []sandbox
 	step := func(what string, f func()) {
