@@ -8,7 +8,11 @@ import (
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/cellfork/cellfork/internal/envd"
+	"github.com/cellfork/cellfork/internal/envd/process"
+	"github.com/cellfork/cellfork/internal/envd/process/processconnect"
 	"github.com/cellfork/cellfork/internal/sandbox"
 )
 
@@ -21,20 +25,26 @@ import (
 // faults the code interpreter's pages in (and so does every fork child and
 // sandbox created from a snapshot of one: their images carry the pages the
 // parent wrote, patches/gvisor: diff-prefetch). So the daemon restores each
-// warm image it builds once, before the pool does, and runs a first request
+// warm image it builds once, before the pool does, and runs first requests
 // in it.
 
 // warmupCode is the first run_code of the warm-up: it prints, as nearly
 // every first request does, so that the output path is recorded too.
 const warmupCode = "print(sum(range(10)))"
 
+// warmupCommand is the warm-up's first command, as the SDKs send one
+// (bash -l -c): the image's spare login shell serves it and forks and
+// execs a program, so the pages a first command touches are recorded too.
+const warmupCommand = "sleep 0; echo warm"
+
 // warmupSettle is how long the warm-up sandbox lives on after its request:
 // the sentry writes the working set out every 100 ms.
 const warmupSettle = 300 * time.Millisecond
 
 // recordWorkingSet restores the warm image just built into a throwaway
-// sandbox, hands it off as a pool refill does and runs warmupCode in its
-// default code context. Best effort: a failure costs only the prefetch.
+// sandbox, hands it off as a pool refill does, runs warmupCode in its
+// default code context and then warmupCommand. Best effort: a failure
+// costs only the prefetch.
 func (m *Maker) recordWorkingSet(ctx context.Context, name, rootfs, image string, limits sandbox.Limits) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -73,6 +83,30 @@ func (m *Maker) warmup(ctx context.Context, rootfs, image string, limits sandbox
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("running the first code: %s", resp.Status)
 	}
+	if err := firstCommand(ctx, b.Transport); err != nil {
+		return err
+	}
 	time.Sleep(warmupSettle)
 	return nil
+}
+
+// firstCommand runs warmupCommand through the agent's process service and
+// reads it to its end.
+func firstCommand(ctx context.Context, tr http.RoundTripper) error {
+	proc := processconnect.NewProcessClient(&http.Client{Transport: tr}, fmt.Sprintf("http://sandbox:%d", envd.Port), connect.WithProtoJSON())
+	stream, err := proc.Start(ctx, connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{
+		Cmd: "/bin/bash", Args: []string{"-l", "-c", warmupCommand}}}))
+	if err != nil {
+		return fmt.Errorf("running the first command: %w", err)
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		if end := stream.Msg().GetEvent().GetEnd(); end != nil {
+			if end.GetExitCode() != 0 {
+				return fmt.Errorf("running the first command: %s", end.GetStatus())
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("running the first command: the stream ended without an exit status (%v)", stream.Err())
 }

@@ -181,9 +181,10 @@ func FuzzUsernameFromHeader(f *testing.F) {
 	})
 }
 
-// FuzzPrimer: what a zygote runs exports every request variable exactly
-// (quotes, spaces, newlines, $ and backslashes included) and runs the
-// command in the request's directory.
+// FuzzPrimer: what a zygote runs exports every request variable and every
+// changed base variable exactly (quotes, spaces, newlines, $ and
+// backslashes included), unsets a base variable the request's base lacks,
+// and runs the command in the request's directory.
 func FuzzPrimer(f *testing.F) {
 	for _, s := range []string{"", "plain", "it's", `"$HOME" \n`, "a\nb", "'; rm -rf / #", "$(id)", "`id`", "\\'\\"} {
 		f.Add(s)
@@ -192,12 +193,16 @@ func FuzzPrimer(f *testing.F) {
 		if strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v) {
 			return
 		}
-		spec := procSpec{dir: "/", req: &process.StartRequest{Process: &process.ProcessConfig{
+		spec := procSpec{dir: "/", base: []string{"W=" + v}, req: &process.StartRequest{Process: &process.ProcessConfig{
 			Cmd: "/bin/bash", Envs: map[string]string{"V": v}}}}
-		script := primer(spec, `printf '%s|%s' "$PWD" "$V"`)
-		out, err := exec.Command("/bin/bash", "-c", "exec 3</dev/null; "+script).Output()
-		if err != nil || string(out) != "/|"+v {
-			t.Fatalf("primer exported %q as %q (%v)", v, out, err)
+		had := []string{"GONE=1", "W=" + v + "x"}
+		unset, export := envDiff(had, spec.base)
+		script := primer(unset, export, spec, `printf '%s|%s|%s|%s' "$PWD" "$V" "$W" "${GONE-unset}"`)
+		cmd := exec.Command("/bin/bash", "-c", "exec 3</dev/null; "+script)
+		cmd.Env = had
+		out, err := cmd.Output()
+		if want := "/|" + v + "|" + v + "|unset"; err != nil || string(out) != want {
+			t.Fatalf("primer made %q of %q, want %q (%v)", out, v, want, err)
 		}
 	})
 }

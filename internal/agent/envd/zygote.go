@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/cellfork/cellfork/internal/agent"
 )
@@ -23,18 +24,27 @@ import (
 // exports the request's variables, then CMD. Only CMD's own cost stays on
 // the request's path; a fresh zygote is started behind each claim.
 //
-// A zygote serves only a request it is equivalent for: same account and
-// base environment, profile files unchanged since it started (else it is
-// discarded and the request starts its own shell). The request's
-// variables are exported after the profile ran, where a plain login shell
-// would see them before; they win over the profile either way.
+// A zygote serves only a request it is equivalent for: same account, same
+// variables that shape a login (loginVars), profile files unchanged since
+// it started (else it is discarded and the request starts its own shell).
+// The sandbox's other variables may differ: /init sets the sandbox's own
+// (E2B_SANDBOX_ID and the rest) after the warm image's spare started, and
+// that spare must serve a pool hit's first command. The primer unsets and
+// exports the difference, then the request's variables. Both come after
+// the profile ran, where a plain login shell would see them before; they
+// win over the profile either way.
+
+// spareWait is how long a claim waits for a spare that is starting, at
+// most: about what a shell of its own takes to start.
+const spareWait = 50 * time.Millisecond
 
 // zygoteBoot is what a zygote runs once its profile is read.
 const zygoteBoot = ". /dev/fd/3"
 
 type zygote struct {
-	key    string // account and base environment it was started with
-	stamp  string // profile files' state when it started
+	key    string   // account and login variables it was started with
+	base   []string // the environment it was started with (KEY=VALUE, sorted)
+	stamp  string   // profile files' state when it started
 	cmd    *exec.Cmd
 	stdin  *os.File // the agent's ends of its pipes
 	stdout *os.File
@@ -45,8 +55,8 @@ type zygote struct {
 // zygotes keeps one spare zygote per account that has run a command.
 type zygotes struct {
 	mu       sync.Mutex
-	spare    map[uint32]*zygote // by uid
-	starting map[uint32]bool
+	spare    map[uint32]*zygote       // by uid
+	starting map[uint32]chan struct{} // closed when the start ends
 	closed   bool
 }
 
@@ -62,7 +72,7 @@ func (zs *zygotes) close() {
 }
 
 func newZygotes() *zygotes {
-	return &zygotes{spare: map[uint32]*zygote{}, starting: map[uint32]bool{}}
+	return &zygotes{spare: map[uint32]*zygote{}, starting: map[uint32]chan struct{}{}}
 }
 
 // shellIdent matches the variable names a shell can export.
@@ -84,9 +94,21 @@ func loginCommand(spec procSpec) (string, bool) {
 	return a[2], true
 }
 
+// loginVars are the variables a profile is likely to read: a zygote
+// serves only requests whose base environment has the same ones.
+var loginVars = []string{"PATH", "HOME", "USER", "LOGNAME", "SHELL", "ENV", "BASH_ENV", "TERM",
+	"LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "PS1", "PROMPT_COMMAND", "HISTFILE", "TMPDIR"}
+
 // zygoteKey is what a zygote must have been started with to serve spec.
 func zygoteKey(acc agent.Account, groups []uint32, base []string) string {
-	return fmt.Sprintf("%d:%d:%v:%s\x00%s", acc.UID, acc.GID, groups, acc.Home, strings.Join(base, "\x00"))
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d:%d:%v:%s", acc.UID, acc.GID, groups, acc.Home)
+	for _, kv := range base {
+		if k, _, _ := strings.Cut(kv, "="); slices.Contains(loginVars, k) {
+			b.WriteString("\x00" + kv)
+		}
+	}
+	return b.String()
 }
 
 // profileStamp sums up the files a login shell reads.
@@ -111,6 +133,16 @@ func profileStamp(home string) string {
 func (zs *zygotes) claim(spec procSpec, cmd string) *zygote {
 	uid := spec.acc.UID
 	zs.mu.Lock()
+	if started := zs.starting[uid]; zs.spare[uid] == nil && started != nil {
+		// One is on its way (the last claim's refill): waiting for it
+		// costs less than a shell of the request's own.
+		zs.mu.Unlock()
+		select {
+		case <-started:
+		case <-time.After(spareWait):
+		}
+		zs.mu.Lock()
+	}
 	z := zs.spare[uid]
 	delete(zs.spare, uid)
 	zs.mu.Unlock()
@@ -119,11 +151,13 @@ func (zs *zygotes) claim(spec procSpec, cmd string) *zygote {
 	if z == nil {
 		return nil
 	}
-	if z.key != key || z.stamp != profileStamp(envValue(spec.base, "HOME")) {
+	unset, export := envDiff(z.base, spec.base)
+	if z.key != key || z.stamp != profileStamp(envValue(spec.base, "HOME")) ||
+		slices.ContainsFunc(append(unset, export...), func(kv string) bool { k, _, _ := strings.Cut(kv, "="); return !shellIdent.MatchString(k) }) {
 		z.discard()
 		return nil
 	}
-	if _, err := z.script.WriteString(primer(spec, cmd)); err != nil {
+	if _, err := z.script.WriteString(primer(unset, export, spec, cmd)); err != nil {
 		z.discard()
 		return nil
 	}
@@ -131,11 +165,35 @@ func (zs *zygotes) claim(spec procSpec, cmd string) *zygote {
 	return z
 }
 
+// envDiff returns the names in had that want lacks, and the KEY=VALUE
+// entries of want that had lacks.
+func envDiff(had, want []string) (unset, export []string) {
+	for _, kv := range had {
+		if k, _, _ := strings.Cut(kv, "="); !slices.ContainsFunc(want, func(s string) bool { return strings.HasPrefix(s, k+"=") }) {
+			unset = append(unset, k)
+		}
+	}
+	for _, kv := range want {
+		if !slices.Contains(had, kv) {
+			export = append(export, kv)
+		}
+	}
+	return unset, export
+}
+
 // primer is what a zygote sources: one line that closes fd 3, enters the
-// directory and exports the request's variables, then the command.
-func primer(spec procSpec, cmd string) string {
+// directory, unsets and exports what its environment lacks of the
+// request's base (envDiff), exports the request's variables, then the
+// command.
+func primer(unset, export []string, spec procSpec, cmd string) string {
 	var b strings.Builder
 	b.WriteString("exec 3<&- && cd -- " + shellQuote(spec.dir))
+	for _, k := range unset {
+		b.WriteString(" && unset " + k)
+	}
+	for _, kv := range export {
+		b.WriteString(" && export " + shellQuote(kv))
+	}
 	envs := spec.req.GetProcess().GetEnvs()
 	keys := make([]string, 0, len(envs))
 	for k := range envs {
@@ -200,16 +258,18 @@ func (zs *zygotes) refill(acc agent.Account, groups []uint32, base []string, key
 		delete(zs.spare, acc.UID)
 		z.discard()
 	}
-	if zs.spare[acc.UID] != nil || zs.starting[acc.UID] || zs.closed {
+	if zs.spare[acc.UID] != nil || zs.starting[acc.UID] != nil || zs.closed {
 		zs.mu.Unlock()
 		return
 	}
-	zs.starting[acc.UID] = true
+	started := make(chan struct{})
+	zs.starting[acc.UID] = started
 	zs.mu.Unlock()
 	z, err := startZygote(acc, groups, base, key)
 	zs.mu.Lock()
 	defer zs.mu.Unlock()
 	delete(zs.starting, acc.UID)
+	close(started)
 	switch {
 	case err != nil:
 	case zs.closed:
@@ -220,7 +280,7 @@ func (zs *zygotes) refill(acc agent.Account, groups []uint32, base []string, key
 }
 
 func startZygote(acc agent.Account, groups []uint32, env []string, key string) (*zygote, error) {
-	z := &zygote{key: key, stamp: profileStamp(envValue(env, "HOME"))}
+	z := &zygote{key: key, base: env, stamp: profileStamp(envValue(env, "HOME"))}
 	var child []*os.File
 	defer func() {
 		for _, f := range child {

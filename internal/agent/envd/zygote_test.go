@@ -111,3 +111,32 @@ func TestExecs(t *testing.T) {
 		}
 	}
 }
+
+// The spare started before /init serves the first command after it (a
+// pool hit's: the warm image's spare, /init setting the sandbox's own
+// variables), with the new variables; one started with other login
+// variables (LANG here) does not.
+func TestZygoteServesAfterInit(t *testing.T) {
+	e := newEnv(t)
+	isZygote := `[ "$(tr '\0' ' ' </proc/$$/cmdline)" = '/bin/bash -l -c ` + zygoteBoot + ` ' ] && echo Z; `
+	first := func(script string) string {
+		r, err := e.start(ctxTimeout(t, 20*time.Second), bash(isZygote+script), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.stdout.String()
+	}
+	for _, c := range []struct{ init, want string }{
+		{`{"envVars":{"E2B_SANDBOX_ID":"sbx-1"}}`, "Z\nsbx-1|g\n"},
+		{`{"envVars":{"E2B_SANDBOX_ID":"sbx-2","LANG":"C.UTF-8"}}`, "sbx-2|g\n"},
+	} {
+		inZygote(t, e, "true")
+		time.Sleep(100 * time.Millisecond) // the spare behind it is up
+		if res, b := e.do("POST", "/init", nil, strings.NewReader(c.init), nil); res.StatusCode != 204 {
+			t.Fatalf("init %d %s", res.StatusCode, b)
+		}
+		if got := first(`echo "$E2B_SANDBOX_ID|$CELLFORK_GLOBAL"`); got != c.want {
+			t.Errorf("after init %s: %q, want %q", c.init, got, c.want)
+		}
+	}
+}
