@@ -3,8 +3,8 @@
 Operations: memory per idle sandbox (density), create from the warm pool,
 snapshot vs dirty memory (0-500 MB), create from a snapshot at concurrency
 1/10/20, snapshots through the chunk store (upload, then a create that
-imports the image), fork(n) for n = 1/5/10/20, rollback, pause/resume (in memory and
-spilled to disk); and, only with --ops scale, ready sandboxes per host
+imports the image), fork(n) for n = 1/5/10/20, rollback, pause/resume (in memory,
+spilled to disk, and from the chunk store once the disk's copy is dropped); and, only with --ops scale, ready sandboxes per host
 (10 to 200 sandboxes, PSS and host memory, extrapolated). Every row sits beside the seeds' published figure, our
 target, and the same work done with raw `runsc` in the same run.
 
@@ -716,7 +716,67 @@ def op_store(api, raw, C, parent):
     t.phases([{k: v for k, v in st.items() if k not in nested} for st in sts])
     t.phases(sts, skip=tuple({k for st in sts for k in st} - nested), indent="  · import: ", gap=False)
     t.add("create from it + first run_code answered (client wall)", walls)
-    return [t]
+    return [t, suspended(api, C["restore1"])]
+
+
+def tree_bytes(path):
+    """Bytes of the regular files under path (hard links counted once)."""
+    seen, n = set(), 0
+    for d, _, files in os.walk(path):
+        for f in files:
+            st = os.lstat(os.path.join(d, f))
+            if st.st_nlink > 1 and (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            n += st.st_size
+    return n
+
+
+def suspended(api, n):
+    """n sandboxes, each with a small change of its own, paused to disk: what
+    each costs once its image is in the chunk store and its disk copy gone,
+    and waking each one until it answers run_code."""
+    t = Table("Suspended sandboxes in the chunk store",
+              f"{n} sandboxes from the pool, each after `y = i` in its REPL, paused with spill; once every image "
+              "is uploaded and its paused/<id> directory gone (a single host drops the disk's copy), the store's "
+              "growth (bytes of its files, hard links once) per sandbox, in MB (not ms); then each is woken: POST "
+              "/v2/sandboxes/{id}/connect (the import, every chunk verified, then the restore) and run_code('print(y)').")
+    store = os.path.join(DATA, "store")
+    before = tree_bytes(store)
+    sbs = []
+    try:
+        for i in range(n):
+            wait_pool(ready=1, shells=0)
+            sb = api.create()[0]
+            sbs.append(sb)
+            api.run_code(sb, f"y = {i}")
+            api.call("POST", f"/sandboxes/{sb['sandboxID']}/pause", {"spill": True})
+        deadline = time.time() + 120
+        while any(os.path.exists(os.path.join(DATA, "paused", sb["sandboxID"])) for sb in sbs):
+            if time.time() > deadline:
+                raise DaemonError("paused images still on the disk 120 s after their pauses")
+            time.sleep(0.1)
+        grown = (tree_bytes(store) - before) / 2**20
+        t.add("store's growth per suspended sandbox (MB)", [grown / n], unit="MB")
+        t.add("their disk copies (paused/<id>, MB)", [sum(tree_bytes(os.path.join(DATA, "paused", sb["sandboxID"])) for sb in sbs) / 2**20], unit="MB")
+        wake, sts = [], []
+        for i, sb in enumerate(sbs):
+            wait_pool(ready=0, shells=2)
+            t0 = time.perf_counter()
+            _, st, _ = api.call("POST", f"/v2/sandboxes/{sb['sandboxID']}/connect", {})
+            api.run_code(sb, "print(y)", str(i))
+            wake.append(ms(t0))
+            if "import" not in st:
+                raise DaemonError(f"a suspended sandbox woke without an import: phases {st}")
+            sts.append(st)
+        t.add("wake (server total)", [st["total"] for st in sts])
+        nested = {k for st in sts for k in st if k.startswith("import.")}
+        t.phases([{k: v for k, v in st.items() if k not in nested} for st in sts])
+        t.add("wake + run_code answered (client wall)", wake, seed="Tensorlake wake + command 80 ms p50")
+    finally:
+        for sb in sbs:
+            api.kill(sb)
+    return t
 
 
 def op_fork(api, raw, C, parent):
@@ -852,6 +912,23 @@ def op_pause(api, raw, C):
             rd_rc.append(ms(t0))
             rd.append(st["total"])
             rd_st.append(st)
+        # Once its image is in the chunk store the disk's copy goes (a
+        # single host): the resume imports it.
+        rs, rs_st, rs_rc = [], [], []
+        for _ in range(C["spill"]):
+            wait_pool(ready=0, shells=2)
+            api.call("POST", path + "/pause", {"spill": True})
+            deadline = time.time() + 30
+            while os.path.exists(os.path.join(DATA, "paused", sb["sandboxID"])):
+                if time.time() > deadline:
+                    raise SystemExit("the spilled image is still on the disk 30 s after the pause")
+                time.sleep(0.05)
+            t0 = time.perf_counter()
+            _, st, _ = api.call("POST", f"/v2{path}/connect", {})
+            api.run_code(sb, "print(x)", "7")
+            rs_rc.append(ms(t0))
+            rs.append(st["total"])
+            rs_st.append(st)
         rid = rid_of(sb)
         ck, pre = [], []
         for _ in range(C["spill"]):
@@ -870,6 +947,9 @@ def op_pause(api, raw, C):
         t.add("resume from disk (server total)", rd, pre, target=120)
         t.phases(rd_st)
         t.add("resume from disk + first run_code answered (client wall)", rd_rc, pre)
+        t.add("resume from the chunk store, its disk copy dropped (server total)", rs, pre, target=60)
+        t.phases(rs_st)
+        t.add("resume from the chunk store + first run_code answered (client wall)", rs_rc, pre)
         t.add("raw `runsc pause`", rp)
         t.add("raw `runsc resume`", rr)
         t.add("raw `runsc checkpoint --leave-running` (spill's work)", ck)

@@ -864,3 +864,61 @@ func TestWarmImagePublishedOnce(t *testing.T) {
 		t.Errorf("a restart published again: %v, %d exports", table.roots, images.exports)
 	}
 }
+
+// On a single host a sandbox paused to disk (memory, or files only) leaves
+// the disk once its image is in the chunk store: its record names the
+// root, a restart adopts it from there, and a resume imports it. An
+// import that fails leaves it paused as it was, and a later one works.
+func TestSpilledImageLeavesTheDisk(t *testing.T) {
+	images := newMemImages()
+	e := newStoreEnv(t, images)
+	ctx := context.Background()
+	for _, req := range []sandbox.PauseRequest{{Spill: true}, {FilesOnly: true}} {
+		sb := e.create(sandbox.CreateRequest{})
+		e.write(sb.ID, "before")
+		if err := e.m.Pause(ctx, sb.ID, req); err != nil {
+			t.Fatal(err)
+		}
+		img := e.mustGet(sb.ID).PausedImage
+		var rec *sandbox.Sandbox
+		for deadline := time.Now().Add(10 * time.Second); rec == nil || rec.PausedRoot == ""; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%+v: the paused image was not uploaded: %+v", req, rec)
+			}
+			rec = e.mustGet(sb.ID)
+		}
+		if rec.PausedImage != "" || fileExists(img) || !images.has(rec.PausedRoot) {
+			t.Fatalf("%+v: after the upload: image %q, %s on disk %v, in the store %v", req, rec.PausedImage, img, fileExists(img), images.has(rec.PausedRoot))
+		}
+		e.restart()
+		if got := e.mustGet(sb.ID); got.State != sandbox.StatePaused || got.PausedRoot != rec.PausedRoot {
+			t.Fatalf("%+v: after a restart: %+v", req, got)
+		}
+		images.fail = func(op string) error {
+			if op == "import" {
+				return fmt.Errorf("store: %w", errdefs.ErrUnavailable)
+			}
+			return nil
+		}
+		if _, _, err := e.m.Connect(ctx, sb.ID, sandbox.ConnectRequest{}); !errors.Is(err, errdefs.ErrUnavailable) {
+			t.Fatalf("%+v: connect with the store down: %v", req, err)
+		}
+		if got := e.mustGet(sb.ID); got.State != sandbox.StatePaused || got.PausedImage != "" || fileExists(img) {
+			t.Fatalf("%+v: after a failed import: %+v (on disk %v)", req, got, fileExists(img))
+		}
+		images.fail = nil
+		if _, resumed, err := e.m.Connect(ctx, sb.ID, sandbox.ConnectRequest{}); err != nil || !resumed {
+			t.Fatalf("%+v: connect: %v (resumed %v)", req, err, resumed)
+		}
+		want := "before"
+		if req.FilesOnly {
+			want = "boot+before"
+		}
+		if got := e.memory(sb.ID); got != want {
+			t.Errorf("%+v: resumed with %q, want %q", req, got, want)
+		}
+		if got := e.mustGet(sb.ID); got.PausedImage != "" || got.PausedRoot != "" || fileExists(img) {
+			t.Errorf("%+v: running with %+v (image on disk %v)", req, got, fileExists(img))
+		}
+	}
+}

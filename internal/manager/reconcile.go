@@ -122,6 +122,12 @@ func (m *Manager) adoptRecord(ctx context.Context, rec *sandbox.Sandbox) bool {
 			m.log.Info("adopted sandbox paused on disk", "sandbox.id", rec.ID)
 			return true
 		}
+		if rec.PausedImage == "" && rec.PausedRoot != "" && m.images != nil {
+			_ = m.boxes.DestroyRID(ctx, rec.RuntimeID)
+			m.register(newLive(rec, nil))
+			m.log.Info("adopted sandbox paused in the chunk store", "sandbox.id", rec.ID)
+			return true
+		}
 	}
 	rec.PausedImage = ""
 	state, err := m.boxes.Runtime().State(ctx, rec.RuntimeID)

@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"errors"
+	"os"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/errdefs"
@@ -10,16 +11,19 @@ import (
 	"github.com/cellfork/cellfork/internal/snapshots"
 )
 
-// Paused sandboxes that travel (a cluster: Deps.Cluster). A sandbox paused
-// to disk has its image exported to the chunk store after the pause
-// answers (internal/snapshots' upload queue, retried), and the image's
-// root recorded on it (PausedRoot), which its row shows; another host the
-// cluster moves it to adopts it on first use (adoptMoved, live.go).
+// Paused sandboxes in the chunk store. A sandbox paused to disk has its
+// image exported to the chunk store after the pause answers
+// (internal/snapshots' upload queue, retried), and the image's root
+// recorded on it (PausedRoot). A single host then drops the disk's copy
+// and a resume imports it (fetchPaused, connect.go); in a cluster its row
+// shows the root, and another host the cluster moves it to adopts it on
+// first use (adoptMoved, live.go).
 
-// queuePausedUpload queues the export of a sandbox's paused image (in a
-// cluster; a single host keeps it on its disk only).
+// queuePausedUpload queues the export of a sandbox's paused image to the
+// chunk store, where it costs only the chunks no other image has (on a
+// single host the disk's copy is then dropped).
 func (m *Manager) queuePausedUpload(id string) {
-	if m.cluster == nil || m.images == nil {
+	if m.images == nil {
 		return
 	}
 	m.snaps.Queue(snapshots.Job{What: "paused sandbox", ID: id, Try: func(ctx context.Context) (bool, error) {
@@ -53,10 +57,25 @@ func (m *Manager) uploadPausedOnce(ctx context.Context, id string) (done bool, e
 	default:
 		return false, err
 	}
-	l.update(func() { l.rec.PausedRoot = root })
+	// A single host keeps it in the store only from here (a resume
+	// imports it: fetchPaused). A cluster's host keeps its copy too: the
+	// cluster's collection knows a root once a row names it, and this
+	// host's copy is what uploads it again should it go (recheckPaused).
+	drop := m.cluster == nil
+	l.update(func() {
+		l.rec.PausedRoot = root
+		if drop {
+			l.rec.PausedImage = ""
+		}
+	})
 	if err := m.put(ctx, l.rec); err != nil {
-		l.update(func() { l.rec.PausedRoot = "" })
+		l.update(func() { l.rec.PausedRoot, l.rec.PausedImage = "", rec.PausedImage })
 		return false, err
+	}
+	if drop {
+		if err := os.RemoveAll(rec.PausedImage); err != nil {
+			m.log.Warn("removing a paused image from the disk after its upload", "sandbox.id", id, "err", err)
+		}
 	}
 	m.log.Info("paused sandbox uploaded", "sandbox.id", id, "root", root, "uploaded_bytes", uploaded, "ms", time.Since(t0).Milliseconds())
 	return true, nil
@@ -65,7 +84,7 @@ func (m *Manager) uploadPausedOnce(ctx context.Context, id string) (done bool, e
 // requeuePausedUploads queues the paused images a previous daemon left
 // unexported.
 func (m *Manager) requeuePausedUploads(ctx context.Context) {
-	if m.cluster == nil || m.images == nil {
+	if m.images == nil {
 		return
 	}
 	recs, err := m.st.List(ctx)

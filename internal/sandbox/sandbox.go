@@ -50,9 +50,10 @@ type Sandbox struct {
 	// was last saved to: the parent of its next snapshot.
 	BaseSnapshot string
 	// PausedImage is where a sandbox paused to disk keeps its state ("" if
-	// it runs, or is paused in memory). PausedRoot names that image in the
-	// chunk store once it is uploaded there (in a cluster, where another
-	// host may resume it).
+	// it runs, is paused in memory, or its image is in the chunk store
+	// only). PausedRoot names that image in the chunk store once it is
+	// uploaded there; the disk's copy is then dropped, and a resume (here,
+	// or on another host of a cluster) imports it again.
 	PausedImage string
 	PausedRoot  string
 	// PauseMode says what a paused sandbox's pause saved: PauseFull (its
