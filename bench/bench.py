@@ -162,7 +162,7 @@ def main():
 
     raw = RawRunsc(rootfs)
     try:
-        raw_create, cids = [], []
+        raw_create = []
         for _ in range(args.n_create):
             cid, ms = raw.run_detached()
             raw_create.append(ms)

@@ -28,36 +28,19 @@ import fork  # noqa: E402
 from fork import ms  # noqa: E402
 
 
-def use(side):
-    fork.URL, fork.KEY, fork.DATA = side["url"], side["key"], side["data"]
-    fork.ROOT = os.path.join(side["data"], "runsc")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=10, help="creates in a row")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("sides", nargs=2, help="NAME=URL,KEY,DATA_DIR,READY")
     args = ap.parse_args()
-    sides = []
-    for a in args.sides:
-        name, rest = a.split("=", 1)
-        url, key, data, ready = rest.split(",")
-        sides.append(dict(name=name, url=url, key=key, data=data, ready=int(ready),
-                          create=[], first=[], server=[], only=[], modes={}, only_modes={}))
-        use(sides[-1])
-        sides[-1]["api"] = fork.Api()
-
-    def full():
-        for s in sides:
-            use(s)
-            fork.wait_pool(ready=s["ready"], shells=0)
+    sides = [fork.side(a, create=[], first=[], server=[], only=[], modes={}, only_modes={}) for a in args.sides]
 
     load0, t_start = os.getloadavg()[0], time.time()
     for i in range(args.rounds):
         for s in (sides if i % 2 == 0 else sides[::-1]):
-            full()
-            use(s)
+            fork.fill(sides)
+            fork.use(s)
             api, made = s["api"], []
             for _ in range(args.n):
                 t0 = time.perf_counter()
@@ -70,8 +53,8 @@ def main():
                 s["modes"][mode] = s["modes"].get(mode, 0) + 1
                 made.append(sb)
             api.kill_all(made)
-            full()
-            use(s)
+            fork.fill(sides)
+            fork.use(s)
             made = []
             for _ in range(args.n):
                 sb, st, wall = api.create()

@@ -30,12 +30,6 @@ from fork import ms  # noqa: E402
 CPU = "child CPU, shell creation to first run_code (cgroup)"
 
 
-def use(side):
-    """Points fork.py's module state (the daemon's URL, key, data) at a side."""
-    fork.URL, fork.KEY, fork.DATA = side["url"], side["key"], side["data"]
-    fork.ROOT = os.path.join(side["data"], "runsc")
-
-
 def cpu_ms(sb):
     rid = fork.rid_of(sb)
     return int(open(f"/sys/fs/cgroup/cpuacct/cellfork/{rid}/cpuacct.usage").read()) / 1e6
@@ -46,20 +40,14 @@ def main():
     ap.add_argument("--n", type=int, default=12, help="rounds (fork(5) runs in every other one)")
     ap.add_argument("sides", nargs=2, help="NAME=URL,KEY,DATA_DIR")
     args = ap.parse_args()
-    sides = []
-    for a in args.sides:
-        name, rest = a.split("=", 1)
-        url, key, data = rest.split(",")
-        sides.append(dict(name=name, url=url, key=key, data=data, rows={"snap": [], "fork1": [], "fork5": []}))
-        use(sides[-1])
-        sides[-1]["api"] = fork.Api()
+    sides = [fork.side(a, rows={"snap": [], "fork1": [], "fork5": []}) for a in args.sides]
 
     def quiet(side, **kw):
         for o in sides:
             if o is not side:
-                use(o)
+                fork.use(o)
                 fork.wait_pool()
-        use(side)
+        fork.use(side)
         fork.wait_pool(**kw)
 
     for s in sides:
@@ -70,7 +58,7 @@ def main():
     for i in range(args.n):
         for s in (sides if i % 2 == 0 else sides[::-1]):
             api, sb = s["api"], s["sb"]
-            use(s)
+            fork.use(s)
             fid = api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})[0]["snapshotID"]
             quiet(s, ready=0, shells=2)
             t0 = time.perf_counter()
@@ -96,7 +84,7 @@ def main():
                 api.kill_all(kids)
         fork.log(f"round {i + 1}/{args.n} done, load {os.getloadavg()[0]:.1f}")
     for s in sides:
-        use(s)
+        fork.use(s)
         s["api"].kill(s["sb"])
     print(f"daemon A/B — {time.strftime('%Y-%m-%d %H:%M')} — load average {load0:.1f} at start / "
           f"{os.getloadavg()[0]:.1f} at end, {time.time() - t_start:.0f} s; p50 in ms, sides alternating\n")

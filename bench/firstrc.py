@@ -43,12 +43,6 @@ from cellfork import Sandbox  # noqa: E402
 CGROUP = "/sys/fs/cgroup/cpuacct/cellfork"
 
 
-def use(side):
-    """Points fork.py's module state (the daemon's URL, key, data) at a side."""
-    fork.URL, fork.KEY, fork.DATA = side["url"], side["key"], side["data"]
-    fork.ROOT = os.path.join(side["data"], "runsc")
-
-
 def cg_ms(path):
     try:
         return int(open(os.path.join(path, "cpuacct.usage")).read()) / 1e6
@@ -95,20 +89,11 @@ def main():
     ap.add_argument("sides", nargs=2, help="NAME=URL,KEY,DATA_DIR,READY")
     args = ap.parse_args()
     gaps = [float(g) for g in args.gaps.split(",")]
-    sides = []
-    for a in args.sides:
-        name, rest = a.split("=", 1)
-        url, key, data, ready, *logdir = rest.split(",")
-        sides.append(dict(name=name, url=url, key=key, data=data, ready=int(ready), logdir=(logdir or [None])[0], spans=[],
-                          rows={g: {"rc": [], "cpu": [], "boxes": [], "host": [], "create": [], "fsentry": [], "fstubs": [], "exec": []} for g in gaps},
-                          missed=0))
-        use(sides[-1])
-        sides[-1]["api"] = fork.Api()
-
-    def full():
-        for s in sides:
-            use(s)
-            fork.wait_pool(ready=s["ready"], shells=0)
+    sides = [fork.side(a, spans=[], missed=0,
+                       rows={g: {"rc": [], "cpu": [], "boxes": [], "host": [], "create": [], "fsentry": [], "fstubs": [], "exec": []} for g in gaps})
+             for a in args.sides]
+    for s in sides:
+        s["logdir"] = (s["more"] or [None])[0]
 
     load0, t_start = os.getloadavg(), time.time()
     for g in gaps:
@@ -116,8 +101,8 @@ def main():
         while i < args.n:
             for s in (sides if i % 2 == 0 else sides[::-1]):
                 for _ in range(5):  # a sample is a pool hit
-                    full()
-                    use(s)
+                    fork.fill(sides)
+                    fork.use(s)
                     api = s["api"]
                     if args.op == "run_code":
                         sb, st, wall = api.create()
@@ -201,7 +186,6 @@ def cf_delta(logdir, rid, a, b):
     """The change of the cellfork-cf counters between times a and b (the last
     line before each; the sentry logs every 20 ms while they change)."""
     import glob
-    import re
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import runsc_ab
     lines = []

@@ -247,6 +247,35 @@ def wait_pool(ready=2, shells=2, standby=None):
     return False
 
 
+# Two daemons side by side (bench/firstrc.py, burst.py, daemon_ab.py): each
+# side is named on the command line as NAME=URL,KEY,DATA_DIR[,READY[,...]]
+# and this module's state (URL, KEY, DATA, ROOT) points at one at a time.
+
+def side(arg, **fields):
+    """A side from NAME=URL,KEY,DATA_DIR[,READY[,MORE...]] (READY: its
+    --pool-ready, what "pool full" means for it), with its Api and fields."""
+    name, rest = arg.split("=", 1)
+    url, key, data, *more = rest.split(",")
+    s = dict(name=name, url=url, key=key, data=data, ready=int(more[0]) if more else None, more=more[1:], **fields)
+    use(s)
+    s["api"] = Api()
+    return s
+
+
+def use(side):
+    """Points this module's state (the daemon's URL, key, data) at a side."""
+    global URL, KEY, DATA, ROOT
+    URL, KEY, DATA = side["url"], side["key"], side["data"]
+    ROOT = os.path.join(DATA, "runsc")
+
+
+def fill(sides):
+    """Waits until every side's pool holds its READY sandboxes."""
+    for s in sides:
+        use(s)
+        wait_pool(ready=s["ready"], shells=0)
+
+
 def pss_mb(rids, fields=("Pss:",)):
     """PSS (MB) summed over the processes whose command line holds each id,
     and their children (the sentry's systrap stubs, which have no command

@@ -53,7 +53,6 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,8 +60,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fork  # noqa: E402
-from bench import stats  # noqa: E402
-from fork import Raw, Table, ms, sh, dir_mb, rm, wait_pool, daemon_flags, pool_state, spec_of, log  # noqa: E402
+from fork import Raw, Table, ms, dir_mb, rm, wait_pool, daemon_flags, pool_state, spec_of, log  # noqa: E402
 
 THP = "/sys/kernel/mm/transparent_hugepage/"
 
@@ -272,7 +270,6 @@ def one_restore(side, flags=(), image=None):
     with thp(side.thp):
         cid = side.raw.setup(side.spec, prepared=True)
     try:
-        t0 = time.time()
         b = side.raw.live[cid][1]
         cpu0 = cpu_ms(cid)
         with open(os.path.join(b, "console.log"), "a") as out:
