@@ -922,3 +922,59 @@ func TestSpilledImageLeavesTheDisk(t *testing.T) {
 		}
 	}
 }
+
+// An upload of a paused image does not hold the sandbox: a resume while it
+// runs answers at once, and a root read from an earlier spill is never
+// recorded for a later one (the path is the same).
+func TestResumeDuringPausedUpload(t *testing.T) {
+	images := newMemImages()
+	e := newStoreEnv(t, images)
+	ctx := context.Background()
+	release := make(chan struct{})
+	entered := make(chan struct{}, 4)
+	images.fail = func(op string) error {
+		if op == "export" {
+			entered <- struct{}{}
+			<-release
+		}
+		return nil
+	}
+	sb := e.create(sandbox.CreateRequest{})
+	e.write(sb.ID, "one")
+	if err := e.m.Pause(ctx, sb.ID, sandbox.PauseRequest{Spill: true}); err != nil {
+		t.Fatal(err)
+	}
+	<-entered // the upload has read the record and is exporting
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := e.m.Connect(ctx, sb.ID, sandbox.ConnectRequest{})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		close(release)
+		t.Fatal("the resume waited for the upload")
+	}
+	e.write(sb.ID, "two")
+	if err := e.m.Pause(ctx, sb.ID, sandbox.PauseRequest{Spill: true}); err != nil {
+		t.Fatal(err)
+	}
+	close(release) // the first export now reads the second spill's files
+	var rec *sandbox.Sandbox
+	for deadline := time.Now().Add(10 * time.Second); rec == nil || rec.PausedRoot == ""; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the second spill was not uploaded: %+v", rec)
+		}
+		rec = e.mustGet(sb.ID)
+	}
+	if _, _, err := e.m.Connect(ctx, sb.ID, sandbox.ConnectRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.memory(sb.ID); got != "two" {
+		t.Errorf("resumed from the store with %q, want the second spill's", got)
+	}
+}

@@ -116,7 +116,7 @@ func (m *Manager) pauseFiles(ctx context.Context, l *Live) error {
 		return err
 	}
 	cu.Add(func() { os.RemoveAll(dir) })
-	l.update(func() { l.box, l.rec.PausedImage, l.rec.PauseMode = nil, dir, sandbox.PauseFiles })
+	l.update(func() { l.box, l.rec.PausedImage, l.rec.PauseMode = nil, dir, sandbox.PauseFiles; l.spills++ })
 	l.setPhase(spilled)
 	cu.Add(func() {
 		l.update(func() { l.box, l.rec.PausedImage, l.rec.PauseMode = b, "", "" })
@@ -146,7 +146,7 @@ func (m *Manager) spill(ctx context.Context, l *Live) error {
 	cu := cleanup.Make(func() { os.RemoveAll(img) })
 	defer cu.Clean()
 	old := l.box
-	l.update(func() { l.phase, l.box, l.rec.PausedImage = spilled, nil, img })
+	l.update(func() { l.phase, l.box, l.rec.PausedImage = spilled, nil, img; l.spills++ })
 	cu.Add(func() { l.update(func() { l.phase, l.box, l.rec.PausedImage = frozen, old, "" }) })
 	if err := m.put(ctx, l.rec); err != nil {
 		return err

@@ -60,6 +60,10 @@ type Live struct {
 	rec   *sandbox.Sandbox
 	box   *box.Box // nil while spilled
 	timer *time.Timer
+	// spills counts the sandbox's moves to disk (this daemon's): an
+	// upload, which runs without op, records its root only if the spill it
+	// read is still the sandbox's.
+	spills uint64
 }
 
 func newLive(rec *sandbox.Sandbox, b *box.Box) *Live {

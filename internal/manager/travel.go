@@ -33,20 +33,29 @@ func (m *Manager) queuePausedUpload(id string) {
 
 // uploadPausedOnce exports a paused sandbox's image and records its root;
 // done reports that no other attempt is needed (resumed or killed
-// meanwhile, uploaded, or an image the store refuses for good).
+// meanwhile, uploaded, or an image the store refuses for good). The export
+// runs without the sandbox's op, so that a resume need not wait for it: the
+// root is recorded only if the spill it read is still the sandbox's.
 func (m *Manager) uploadPausedOnce(ctx context.Context, id string) (done bool, err error) {
 	l, err := m.begin(ctx, id, "uploading its paused image", spilled)
 	if err != nil {
 		return true, nil // resumed, killed or gone
 	}
-	defer l.op.Unlock()
-	rec := l.record()
+	rec, spill := l.record(), l.spills
+	l.op.Unlock()
 	if rec.PausedImage == "" || rec.PausedRoot != "" {
 		return true, nil
 	}
 	t0 := time.Now()
 	meta := map[string]string{"sandbox": id, "template": rec.TemplateID, "runsc": m.cfg.RuntimeBuild, "pause": rec.PauseMode}
 	root, uploaded, err := m.images.Export(ctx, rec.PausedImage, meta)
+	if l2, berr := m.begin(ctx, id, "recording its paused image's root", spilled); berr != nil {
+		return true, nil // resumed, killed or gone meanwhile (a new spill queues its own)
+	} else if l2 != l || l.spills != spill {
+		l2.op.Unlock()
+		return true, nil
+	}
+	defer l.op.Unlock()
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:
