@@ -94,6 +94,7 @@ func (m *Manager) Connect(ctx context.Context, id string, req sandbox.ConnectReq
 	if timeout == 0 {
 		timeout = m.cfg.DefaultTimeout
 	}
+	l.leaveDisk()
 	resume := m.resume
 	if req.Reboot || l.rec.PauseMode == sandbox.PauseFiles {
 		resume = m.reboot

@@ -19,6 +19,7 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 		return err
 	}
 	defer l.op.Unlock()
+	l.leaveDisk()
 	b := m.forget(l)
 	return m.teardown(context.WithoutCancel(ctx), l.rec, b)
 }
@@ -32,6 +33,7 @@ func (m *Manager) Drop(ctx context.Context, id, why string) {
 		return
 	}
 	defer l.op.Unlock()
+	l.leaveDisk()
 	b := m.forget(l)
 	m.bury(id, "dropped: "+why)
 	m.log.Warn("sandbox dropped", "sandbox.id", id, "why", why)

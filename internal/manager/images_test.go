@@ -32,6 +32,9 @@ type memImages struct {
 	// remembered are the image directories Remember was told of.
 	remembered []string
 	fail       func(op string) error
+	// onExport, if set, is called at the start of each export with its
+	// context (a test holds an export there).
+	onExport func(ctx context.Context)
 	// gcHold, when set, holds each collection (as a big store's mark
 	// does) until it is closed; gcEntered hears each one's grace.
 	gcHold    chan struct{}
@@ -56,7 +59,14 @@ func (s *memImages) failing(op string) error {
 func (s *memImages) Export(ctx context.Context, dir string, meta map[string]string) (string, int64, error) {
 	s.mu.Lock()
 	s.exports++
+	hold := s.onExport
 	s.mu.Unlock()
+	if hold != nil {
+		hold(ctx)
+		if err := ctx.Err(); err != nil {
+			return "", 0, err
+		}
+	}
 	if err := s.failing("export"); err != nil {
 		return "", 0, err
 	}
@@ -924,20 +934,22 @@ func TestSpilledImageLeavesTheDisk(t *testing.T) {
 }
 
 // An upload of a paused image does not hold the sandbox: a resume while it
-// runs answers at once, and a root read from an earlier spill is never
-// recorded for a later one (the path is the same).
+// runs answers at once and stops it (it would only take the restore's
+// CPU), and the next spill is uploaded and resumed from the store.
 func TestResumeDuringPausedUpload(t *testing.T) {
 	images := newMemImages()
 	e := newStoreEnv(t, images)
 	ctx := context.Background()
 	release := make(chan struct{})
 	entered := make(chan struct{}, 4)
-	images.fail = func(op string) error {
-		if op == "export" {
-			entered <- struct{}{}
-			<-release
+	cancelled := make(chan struct{}, 4)
+	images.onExport = func(ctx context.Context) {
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+			cancelled <- struct{}{}
 		}
-		return nil
 	}
 	sb := e.create(sandbox.CreateRequest{})
 	e.write(sb.ID, "one")
@@ -959,11 +971,17 @@ func TestResumeDuringPausedUpload(t *testing.T) {
 		close(release)
 		t.Fatal("the resume waited for the upload")
 	}
+	select { // the resume made the upload useless: it was stopped
+	case <-cancelled:
+	case <-time.After(5 * time.Second):
+		t.Error("the upload of the spill went on after the resume")
+	}
 	e.write(sb.ID, "two")
 	if err := e.m.Pause(ctx, sb.ID, sandbox.PauseRequest{Spill: true}); err != nil {
 		t.Fatal(err)
 	}
-	close(release) // the first export now reads the second spill's files
+	<-entered
+	close(release) // the second spill's upload goes on
 	var rec *sandbox.Sandbox
 	for deadline := time.Now().Add(10 * time.Second); rec == nil || rec.PausedRoot == ""; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {

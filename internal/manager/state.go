@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"sync"
@@ -64,6 +65,18 @@ type Live struct {
 	// upload, which runs without op, records its root only if the spill it
 	// read is still the sandbox's.
 	spills uint64
+	// stopUpload cancels the upload of its spill that is running, if any
+	// (guarded by op): a resume or a kill makes it useless, and it would
+	// take the CPU the restore needs.
+	stopUpload context.CancelFunc
+}
+
+// leaveDisk cancels a running upload of l's spill. Caller holds op.
+func (l *Live) leaveDisk() {
+	if l.stopUpload != nil {
+		l.stopUpload()
+		l.stopUpload = nil
+	}
 }
 
 func newLive(rec *sandbox.Sandbox, b *box.Box) *Live {

@@ -42,13 +42,17 @@ func (m *Manager) uploadPausedOnce(ctx context.Context, id string) (done bool, e
 		return true, nil // resumed, killed or gone
 	}
 	rec, spill := l.record(), l.spills
-	l.op.Unlock()
 	if rec.PausedImage == "" || rec.PausedRoot != "" {
+		l.op.Unlock()
 		return true, nil
 	}
+	uctx, stop := context.WithCancel(ctx)
+	defer stop()
+	l.stopUpload = stop // a resume or a kill cancels it (leaveDisk)
+	l.op.Unlock()
 	t0 := time.Now()
 	meta := map[string]string{"sandbox": id, "template": rec.TemplateID, "runsc": m.cfg.RuntimeBuild, "pause": rec.PauseMode}
-	root, uploaded, err := m.images.Export(ctx, rec.PausedImage, meta)
+	root, uploaded, err := m.images.Export(uctx, rec.PausedImage, meta)
 	if l2, berr := m.begin(ctx, id, "recording its paused image's root", spilled); berr != nil {
 		return true, nil // resumed, killed or gone meanwhile (a new spill queues its own)
 	} else if l2 != l || l.spills != spill {
@@ -56,6 +60,7 @@ func (m *Manager) uploadPausedOnce(ctx context.Context, id string) (done bool, e
 		return true, nil
 	}
 	defer l.op.Unlock()
+	l.stopUpload = nil
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:
