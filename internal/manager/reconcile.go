@@ -122,7 +122,7 @@ func (m *Manager) adoptRecord(ctx context.Context, rec *sandbox.Sandbox) bool {
 			m.log.Info("adopted sandbox paused on disk", "sandbox.id", rec.ID)
 			return true
 		}
-		if rec.PausedImage == "" && rec.PausedRoot != "" && m.images != nil {
+		if rec.PausedImage == "" && rec.PausedRoot != "" { // without a store, a resume says why it cannot
 			_ = m.boxes.DestroyRID(ctx, rec.RuntimeID)
 			m.register(newLive(rec, nil))
 			m.log.Info("adopted sandbox paused in the chunk store", "sandbox.id", rec.ID)
