@@ -2,7 +2,6 @@ package manager
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -10,7 +9,6 @@ import (
 	"github.com/cellfork/cellfork/internal/cleanup"
 	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
-	"github.com/cellfork/cellfork/internal/timing"
 )
 
 // Connecting: resuming a paused sandbox (from memory, from disk, or by a
@@ -99,18 +97,14 @@ func (m *Manager) Connect(ctx context.Context, id string, req sandbox.ConnectReq
 	if req.Reboot || l.rec.PauseMode == sandbox.PauseFiles {
 		resume = m.reboot
 	}
+	undo := func() {}
 	if l.phase == spilled && l.rec.PausedImage == "" {
-		undo, err := m.fetchPaused(ctx, l)
-		if err != nil {
+		if undo, err = m.fetchPaused(ctx, l); err != nil {
 			return nil, false, err
 		}
-		if err := resume(ctx, l, timeout); err != nil {
-			undo()
-			return nil, false, err
-		}
-		return l.record(), true, nil
 	}
 	if err := resume(ctx, l, timeout); err != nil {
+		undo()
 		return nil, false, err
 	}
 	return l.record(), true, nil
@@ -123,17 +117,9 @@ func (m *Manager) fetchPaused(ctx context.Context, l *Live) (undo func(), err er
 	if m.images == nil || l.rec.PausedRoot == "" {
 		return nil, errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q: its paused image is neither on this host's disk nor in a chunk store", l.rec.ID)
 	}
-	dir := m.pausedDir(l.rec.ID)
-	os.RemoveAll(dir)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return nil, err
-	}
-	t0 := time.Now()
-	_, err = m.images.Import(ctx, l.rec.PausedRoot, dir)
-	timing.Since(ctx, "import", t0)
+	dir, _, err := m.importPaused(ctx, l.rec.ID, l.rec.PausedRoot)
 	if err != nil {
-		os.RemoveAll(dir)
-		return nil, m.snaps.ImportError(fmt.Sprintf("sandbox %q", l.rec.ID), l.rec.PausedRoot, err)
+		return nil, err
 	}
 	l.update(func() { l.rec.PausedImage = dir })
 	return func() {

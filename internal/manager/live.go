@@ -171,19 +171,13 @@ func (m *Manager) adoptMoved(ctx context.Context, id string) error {
 	if _, err := os.Stat(rec.Rootfs); err != nil {
 		return errdefs.New(errdefs.ErrFailedPrecondition, "sandbox %q: its template's root filesystem (%s) is not on this host", id, rec.Rootfs)
 	}
-	dir := m.pausedDir(id)
-	os.RemoveAll(dir) // a copy of a time it lived here before
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+	t0 := time.Now()
+	dir, fetched, err := m.importPaused(ctx, id, rec.PausedRoot)
+	if err != nil {
 		return err
 	}
 	cu := cleanup.Make(func() { os.RemoveAll(dir) })
 	defer cu.Clean()
-	t0 := time.Now()
-	fetched, err := m.images.Import(ctx, rec.PausedRoot, dir)
-	timing.Since(ctx, "import", t0)
-	if err != nil {
-		return m.snaps.ImportError(fmt.Sprintf("sandbox %q", id), rec.PausedRoot, err)
-	}
 	rec.PausedImage, rec.RuntimeID, rec.State = dir, "", sandbox.StatePaused
 	if err := m.put(ctx, rec); err != nil {
 		return err
@@ -192,6 +186,25 @@ func (m *Manager) adoptMoved(ctx context.Context, id string) error {
 	m.add(newLive(rec, nil)) // on disk: no box to watch, no timer
 	m.log.Info("paused sandbox moved to this host", "sandbox.id", id, "fetched_bytes", fetched, "ms", time.Since(t0).Milliseconds())
 	return nil
+}
+
+// importPaused imports a paused sandbox's image root from the chunk store
+// into its place on the disk (replacing a copy of a time it was here
+// before), timed as Server-Timing's import; on failure nothing is left.
+func (m *Manager) importPaused(ctx context.Context, id, root string) (dir string, fetched int64, err error) {
+	dir = m.pausedDir(id)
+	os.RemoveAll(dir)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return "", 0, err
+	}
+	t0 := time.Now()
+	fetched, err = m.images.Import(ctx, root, dir)
+	timing.Since(ctx, "import", t0)
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", 0, m.snaps.ImportError(fmt.Sprintf("sandbox %q", id), root, err)
+	}
+	return dir, fetched, nil
 }
 
 // Get returns a copy of the sandbox's record.
