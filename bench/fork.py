@@ -919,6 +919,16 @@ def op_pause(api, raw, C):
               "that image into a pre-created container.")
     sb = api.create()[0]
     path = f"/sandboxes/{sb['sandboxID']}"
+
+    def resume(totals, sts, walls):
+        """A timed connect, until the sandbox answers run_code."""
+        t0 = time.perf_counter()
+        _, st, _ = api.call("POST", f"/v2{path}/connect", {})
+        api.run_code(sb, "print(x)", "7")
+        walls.append(ms(t0))
+        totals.append(st["total"])
+        sts.append(st)
+
     try:
         api.run_code(sb, "x = 7")
         fz, fz_st, rm_, rm_st, rm_rc = [], [], [], [], []
@@ -928,12 +938,7 @@ def op_pause(api, raw, C):
             fz_st.append(st)
             if api.call("GET", path)[0].get("state") != "paused":
                 raise DaemonError("sandbox not paused after pause")
-            t0 = time.perf_counter()
-            _, st, _ = api.call("POST", f"/v2{path}/connect", {})
-            api.run_code(sb, "print(x)", "7")
-            rm_rc.append(ms(t0))
-            rm_.append(st["total"])
-            rm_st.append(st)
+            resume(rm_, rm_st, rm_rc)
         rid = rid_of(sb)
         rp, rr = zip(*[(raw.pause(rid), raw.pause(rid, "resume")) for _ in range(C["pause"])])
         api.run_code(sb, "print(x)", "7")
@@ -943,12 +948,7 @@ def op_pause(api, raw, C):
             _, st, _ = api.call("POST", path + "/pause", {"spill": True})
             sp.append(st["total"])
             sp_st.append(st)
-            t0 = time.perf_counter()
-            _, st, _ = api.call("POST", f"/v2{path}/connect", {})
-            api.run_code(sb, "print(x)", "7")
-            rd_rc.append(ms(t0))
-            rd.append(st["total"])
-            rd_st.append(st)
+            resume(rd, rd_st, rd_rc)
         # Once its image is in the chunk store the disk's copy goes (a
         # single host): the resume imports it.
         rs, rs_st, rs_rc = [], [], []
@@ -959,12 +959,7 @@ def op_pause(api, raw, C):
                 log("the spilled image stays on the disk (a build before the drop): no resume from the store")
                 api.call("POST", f"/v2{path}/connect", {})
                 break
-            t0 = time.perf_counter()
-            _, st, _ = api.call("POST", f"/v2{path}/connect", {})
-            api.run_code(sb, "print(x)", "7")
-            rs_rc.append(ms(t0))
-            rs.append(st["total"])
-            rs_st.append(st)
+            resume(rs, rs_st, rs_rc)
         rid = rid_of(sb)
         ck, pre = [], []
         for _ in range(C["spill"]):
