@@ -95,6 +95,10 @@ type Host interface {
 	// Drop kills a sandbox this host must no longer run (it moved on, or
 	// its team is over its limit).
 	Drop(ctx context.Context, id, why string)
+	// Published says that the sandbox's row names its paused image's
+	// root in the chunk store, which the cluster's collection keeps from
+	// then on: the host may drop the disk's copy (manager.Published).
+	Published(ctx context.Context, id, root string)
 	// RecheckRoots uploads again what the chunk store lost of the host's
 	// images while it was away (manager.RecheckRoots): called once the
 	// rows are written after the host (re)joined.

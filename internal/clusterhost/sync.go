@@ -103,26 +103,31 @@ func (m *Member) syncSandbox(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	drop, err := m.writeSandboxRow(ctx, id)
+	then, err := m.writeSandboxRow(ctx, id)
 	unlock()
-	if drop != "" {
-		// Dropping it syncs it again: not while holding the right.
-		m.host.Drop(ctx, id, drop)
+	if then != nil {
+		// Not while holding the right to write rows (it writes the row
+		// again), nor in this goroutine: a Put's caller may hold the
+		// sandbox, which the host's side takes.
+		go then(context.WithoutCancel(ctx))
 	}
 	return err
 }
 
-// writeSandboxRow writes sandbox id's row from its local record; drop
-// says why this host must drop its copy ("": it need not). Caller holds
-// the right to write rows (lockSync).
-func (m *Member) writeSandboxRow(ctx context.Context, id string) (drop string, err error) {
+// writeSandboxRow writes sandbox id's row from its local record; then is
+// what the host must do about the row written (nil: nothing): drop its
+// copy (it moved on, or its team is over its limit), or its paused
+// image's copy on the disk, once the row names the image's root in the
+// chunk store (the cluster's collection keeps it from then on). Caller
+// holds the right to write rows (lockSync).
+func (m *Member) writeSandboxRow(ctx context.Context, id string) (then func(context.Context), err error) {
 	slot := m.Slot()
 	rec, err := m.local.Get(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return "", m.db.Forget(ctx, id, slot)
+		return nil, m.db.Forget(ctx, id, slot)
 	}
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	row := clusterdb.Sandbox{ID: rec.ID, Team: rec.Team, Region: m.region(), HostSlot: slot, State: string(rec.State),
 		MemoryMB: rec.MemoryMB, TemplateID: rec.TemplateID, StartedAt: rec.StartedAt, EndAt: rec.EndAt,
@@ -131,19 +136,26 @@ func (m *Member) writeSandboxRow(ctx context.Context, id string) (drop string, e
 		row.StoreRoot = rec.PausedRoot
 	}
 	if row.Record, err = store.EncodeSandbox(rec); err != nil {
-		return "", err
+		return nil, err
+	}
+	drop := func(why string) func(context.Context) {
+		return func(ctx context.Context) { m.host.Drop(ctx, id, why) }
 	}
 	switch err := m.db.Sync(ctx, row); {
 	case errors.Is(err, clusterdb.ErrStale):
 		// Another host runs it now: this copy must never answer again.
-		return "it moved to another host", nil
+		return drop("it moved to another host"), nil
 	case errors.Is(err, clusterdb.ErrTeamLimit):
-		return "its team is at its limit of running sandboxes", nil
+		return drop("its team is at its limit of running sandboxes"), nil
 	case errors.Is(err, clusterdb.ErrNoTeam):
-		return "its team does not exist", nil
-	default:
-		return "", err
+		return drop("its team does not exist"), nil
+	case err != nil:
+		return nil, err
 	}
+	if root := row.StoreRoot; root != "" && rec.PausedImage != "" {
+		return func(ctx context.Context) { m.host.Published(ctx, id, root) }, nil
+	}
+	return nil, nil
 }
 
 func (m *Member) region() int {

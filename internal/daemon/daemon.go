@@ -341,6 +341,8 @@ func (h hostView) PoolStats() sandbox.PoolStats { return h.m.PoolStats() }
 
 func (h hostView) Drop(ctx context.Context, id, why string) { h.m.Drop(ctx, id, why) }
 
+func (h hostView) Published(ctx context.Context, id, root string) { h.m.Published(ctx, id, root) }
+
 func (h hostView) RecheckRoots(ctx context.Context) { h.m.RecheckRoots(ctx) }
 
 // upstreamRoots returns the host's roots plus those in the PEM file (nil

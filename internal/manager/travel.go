@@ -14,14 +14,14 @@ import (
 // Paused sandboxes in the chunk store. A sandbox paused to disk has its
 // image exported to the chunk store after the pause answers
 // (internal/snapshots' upload queue, retried), and the image's root
-// recorded on it (PausedRoot). A single host then drops the disk's copy
-// and a resume imports it (fetchPaused, connect.go); in a cluster its row
-// shows the root, and another host the cluster moves it to adopts it on
-// first use (adoptMoved, live.go).
+// recorded on it (PausedRoot). A single host then drops the disk's copy,
+// and a cluster's host once the sandbox's row shows the root (Published);
+// a resume imports it (fetchPaused, connect.go), and another host the
+// cluster moves it to adopts it on first use (adoptMoved, live.go).
 
 // queuePausedUpload queues the export of a sandbox's paused image to the
-// chunk store, where it costs only the chunks no other image has (on a
-// single host the disk's copy is then dropped).
+// chunk store, where it costs only the chunks no other image has (the
+// disk's copy is then dropped).
 func (m *Manager) queuePausedUpload(id string) {
 	if m.images == nil {
 		return
@@ -71,28 +71,53 @@ func (m *Manager) uploadPausedOnce(ctx context.Context, id string) (done bool, e
 	default:
 		return false, err
 	}
-	// A single host keeps it in the store only from here (a resume
-	// imports it: fetchPaused). A cluster's host keeps its copy too: the
-	// cluster's collection knows a root once a row names it, and this
-	// host's copy is what uploads it again should it go (recheckPaused).
-	drop := m.cluster == nil
-	l.update(func() {
-		l.rec.PausedRoot = root
-		if drop {
-			l.rec.PausedImage = ""
-		}
-	})
+	l.update(func() { l.rec.PausedRoot = root })
 	if err := m.put(ctx, l.rec); err != nil {
-		l.update(func() { l.rec.PausedRoot, l.rec.PausedImage = "", rec.PausedImage })
+		l.update(func() { l.rec.PausedRoot = "" })
 		return false, err
 	}
-	if drop {
-		if err := os.RemoveAll(rec.PausedImage); err != nil {
-			m.log.Warn("removing a paused image from the disk after its upload", "sandbox.id", id, "err", err)
-		}
-	}
 	m.log.Info("paused sandbox uploaded", "sandbox.id", id, "root", root, "uploaded_bytes", uploaded, "ms", time.Since(t0).Milliseconds())
+	// A single host keeps it in the store only from here (a resume
+	// imports it: fetchPaused); a cluster's host once the sandbox's row
+	// names the root (Published), which the put above writes: until
+	// then, this copy is what uploads it again should the cluster's
+	// collection take it (recheckPaused).
+	if m.cluster == nil {
+		m.dropCopy(ctx, l)
+	}
 	return true, nil
+}
+
+// Published drops the disk's copy of a cluster host's paused sandbox once
+// the sandbox's row in the cluster names its image's root in the chunk
+// store (clusterhost calls it after writing such a row): the cluster's
+// collection keeps the image from then on, and a resume imports it, as
+// on a single host.
+func (m *Manager) Published(ctx context.Context, id, root string) {
+	l, err := m.begin(ctx, id, "dropping its paused image's copy", spilled)
+	if err != nil {
+		return // resumed, killed or gone
+	}
+	defer l.op.Unlock()
+	if l.rec.PausedRoot == root && l.rec.PausedImage != "" {
+		m.dropCopy(ctx, l)
+	}
+}
+
+// dropCopy removes the disk's copy of a paused image the chunk store
+// holds (PausedRoot); on failure the copy stays, and a resume uses it.
+// Caller holds l.op.
+func (m *Manager) dropCopy(ctx context.Context, l *Live) {
+	img := l.rec.PausedImage
+	l.update(func() { l.rec.PausedImage = "" })
+	if err := m.put(ctx, l.rec); err != nil {
+		l.update(func() { l.rec.PausedImage = img })
+		m.log.Warn("keeping a paused image on the disk: recording its drop failed", "sandbox.id", l.rec.ID, "err", err)
+		return
+	}
+	if err := os.RemoveAll(img); err != nil {
+		m.log.Warn("removing a paused image from the disk after its upload", "sandbox.id", l.rec.ID, "err", err)
+	}
 }
 
 // requeuePausedUploads queues the paused images a previous daemon left

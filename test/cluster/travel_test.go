@@ -151,6 +151,11 @@ func testPausedMoves(t *testing.T) {
 		t.Fatalf("pause: %d %s", r.status, r.body)
 	}
 	db := pausedInStore(t, sb.ID)
+	// Its row names its image in the store: the host keeps it there only.
+	eventually(t, 10*time.Second, "the host to drop the paused image's copy on its disk", func() bool {
+		_, err := os.Stat(filepath.Join(a.DataDir, "paused", sb.ID))
+		return os.IsNotExist(err)
+	})
 	// A second paused sandbox of that host moves too and ends elsewhere
 	// before the host is back: the host must not bring it back.
 	var ended sandbox
