@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -20,34 +19,12 @@ import (
 
 var server *pgtest.Server
 
-func TestMain(m *testing.M) {
-	dir, _ := os.MkdirTemp("", "clusterdb-test-")
-	var err error
-	server, err = pgtest.Start(dir, "127.0.0.1:0")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "starting PostgreSQL:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	server.Stop()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { pgtest.Main(m, &server) }
 
 // fresh returns a database of its own on the test server.
 func fresh(t *testing.T) *DB {
 	t.Helper()
-	ctx := context.Background()
-	admin, err := Open(ctx, server.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := fmt.Sprintf("t%d", time.Now().UnixNano())
-	if _, err := admin.pool.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	admin.Close()
-	db, err := Open(ctx, fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", server.Addr, name))
+	db, err := Open(context.Background(), server.Database(t))
 	if err != nil {
 		t.Fatal(err)
 	}

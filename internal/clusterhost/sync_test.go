@@ -2,10 +2,8 @@ package clusterhost
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -19,19 +17,7 @@ import (
 
 var server *pgtest.Server
 
-func TestMain(m *testing.M) {
-	dir, _ := os.MkdirTemp("", "clusterhost-test-")
-	var err error
-	server, err = pgtest.Start(dir, "127.0.0.1:0")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "starting PostgreSQL:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	server.Stop()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { pgtest.Main(m, &server) }
 
 // host is a daemon as the member sees it. held stands for a sandbox's op,
 // which the manager's Drop and Published take.
@@ -62,17 +48,7 @@ func join(t *testing.T) (*Member, sandbox.Store, *host, *clusterdb.DB) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	admin, err := clusterdb.Open(ctx, server.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := fmt.Sprintf("t%d", time.Now().UnixNano())
-	_, err = admin.Pool().Exec(ctx, "CREATE DATABASE "+name)
-	admin.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", server.Addr, name)
+	url := server.Database(t)
 	db, err := clusterdb.Open(ctx, url)
 	if err != nil {
 		t.Fatal(err)

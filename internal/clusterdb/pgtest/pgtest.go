@@ -13,7 +13,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -84,6 +86,35 @@ func Start(dir, listen string) (*Server, error) {
 	}
 	s.URL = fmt.Sprintf("postgres://postgres@%s/cellfork?sslmode=disable", s.Addr)
 	return s, nil
+}
+
+// Main runs a package's tests (TestMain) with a server of their own,
+// stored in *s while they run, and exits with their code.
+func Main(m *testing.M, s **Server) {
+	dir, _ := os.MkdirTemp("", "pgtest-")
+	var err error
+	if *s, err = Start(dir, "127.0.0.1:0"); err != nil {
+		fmt.Fprintln(os.Stderr, "starting PostgreSQL:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	(*s).Stop()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+var databases atomic.Int64
+
+// Database creates a database of the test's own on the server and returns
+// its URL.
+func (s *Server) Database(t testing.TB) string {
+	t.Helper()
+	name := fmt.Sprintf("t%d_%d", os.Getpid(), databases.Add(1))
+	_, port, _ := net.SplitHostPort(s.Addr)
+	if out, err := s.run("createdb", "-h", s.Dir, "-p", port, "-U", "postgres", name); err != nil {
+		t.Fatalf("createdb: %v: %s", err, out)
+	}
+	return fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", s.Addr, name)
 }
 
 func appendFile(path, text string) error {
