@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cellfork/cellfork/internal/ids"
 	"github.com/cellfork/cellfork/test/cluster/harness"
 )
 
@@ -214,10 +213,6 @@ func testHostKilled(t *testing.T) {
 	}
 	db := openDB(t)
 	defer db.Close()
-	secrets, err := db.EnsureSecrets(ctx, ids.RandomKey)
-	if err != nil {
-		t.Fatal(err)
-	}
 	packs := func() int {
 		ents, _ := os.ReadDir(filepath.Join(c.StoreDir, "packs"))
 		return len(ents)
@@ -285,7 +280,7 @@ func testHostKilled(t *testing.T) {
 	if row, err := db.GetSandbox(ctx, paused.ID); err != nil || row.HostSlot != h.N || row.State != "paused" || row.StoreRoot != "" {
 		t.Errorf("the paused sandbox's row while its host is down: %+v %v", row, err)
 	}
-	checkOneCopy(t, secrets.Internal)
+	checkOneCopy(t)
 	rowsIntact(t) // the half-written upload left packs, no manifest
 
 	if err := h.Start(); err != nil {
@@ -323,7 +318,7 @@ func testHostKilled(t *testing.T) {
 	if out, status := runCode(t, "eu", paused, "print(v, len(blob))"); out != "23 201326592\n" {
 		t.Errorf("state after the resume on its host: %d %q", status, out)
 	}
-	checkOneCopy(t, secrets.Internal)
+	checkOneCopy(t)
 	for _, o := range c.Hosts {
 		if o.N != h.N && hostLists(t, o, paused.ID) {
 			t.Errorf("host %d runs the sandbox too", o.N)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -15,8 +14,8 @@ import (
 	"time"
 
 	"github.com/cellfork/cellfork/internal/clusterauth"
-	"github.com/cellfork/cellfork/internal/clusterdb"
 	"github.com/cellfork/cellfork/internal/ids"
+	"github.com/cellfork/cellfork/test/cluster/harness"
 )
 
 // testNeverTwoCopies runs random lifecycle steps, moves and host faults
@@ -32,12 +31,9 @@ func testNeverTwoCopies(t *testing.T) {
 	ctx := context.Background()
 	db := openDB(t)
 	defer db.Close()
-	secrets, err := db.EnsureSecrets(ctx, ids.RandomKey)
-	if err != nil {
-		t.Fatal(err)
-	}
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("CELLFORK_SEED"); s != "" { // a failed run's seed, again
+		var err error
 		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
 			t.Fatalf("CELLFORK_SEED: %v", err)
 		}
@@ -48,7 +44,7 @@ func testNeverTwoCopies(t *testing.T) {
 	step := func(what string, f func()) {
 		t.Logf("step: %s", what)
 		f()
-		checkOneCopy(t, secrets.Internal)
+		checkOneCopy(t)
 		rowsIntact(t)
 	}
 	// Each sandbox knows its own id (in its REPL): a move must bring the
@@ -189,12 +185,9 @@ func testNeverTwoCopies(t *testing.T) {
 // checkOneCopy asks every host which sandboxes it runs (or keeps
 // paused): none is on two hosts, and each is on the host its id names
 // or, once moved, its row names.
-func checkOneCopy(t *testing.T, key []byte) {
+func checkOneCopy(t *testing.T) {
 	t.Helper()
-	db, err := clusterdb.Open(context.Background(), c.PG.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := openDB(t)
 	defer db.Close()
 	moved, err := db.Moved(context.Background())
 	if err != nil {
@@ -202,30 +195,62 @@ func checkOneCopy(t *testing.T, key []byte) {
 	}
 	where := map[string]int{}
 	for _, h := range c.Hosts {
-		req, _ := http.NewRequest("GET", "http://"+h.Addr+"/v2/sandboxes?state=running,paused&limit=1000", nil)
-		clusterauth.Sign(req, key, c.Team, "", time.Now())
-		resp, err := client.Do(req)
-		if err != nil {
+		ids, ok := listed(t, h)
+		if !ok {
 			continue // restarting: its sandboxes are checked next time
 		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		var list []struct {
-			ID string `json:"sandboxID"`
-		}
-		_ = json.Unmarshal(body, &list)
-		for _, s := range list {
-			if other, ok := where[s.ID]; ok {
-				t.Fatalf("sandbox %s is live on hosts %d and %d", s.ID, other, h.N)
+		for _, id := range ids {
+			if other, ok := where[id]; ok {
+				t.Fatalf("sandbox %s is live on hosts %d and %d", id, other, h.N)
 			}
-			where[s.ID] = h.N
-			slot := decodeSlot(s.ID)
-			if m, ok := moved[s.ID]; ok {
+			where[id] = h.N
+			slot := decodeSlot(id)
+			if m, ok := moved[id]; ok {
 				slot = fmt.Sprint(m)
 			}
 			if slot != fmt.Sprint(h.N) {
-				t.Errorf("sandbox %s lives on host %d, and its id or row names host %s", s.ID, h.N, slot)
+				t.Errorf("sandbox %s lives on host %d, and its id or row names host %s", id, h.N, slot)
 			}
 		}
 	}
+}
+
+// listed returns the ids of the sandboxes host h runs or holds paused,
+// asked directly as a gateway asks (signed with the cluster's internal
+// key); ok is false if the host does not answer, or not yet.
+func listed(t *testing.T, h *harness.Host) (ids []string, ok bool) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", "http://"+h.Addr+"/v2/sandboxes?state=running,paused&limit=1000", nil)
+	clusterauth.Sign(req, internalKey(t), c.Team, "", time.Now())
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, false
+	}
+	defer resp.Body.Close()
+	var list []struct {
+		ID string `json:"sandboxID"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, false // starting
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatalf("listing host %d: %v", h.N, err)
+	}
+	for _, s := range list {
+		ids = append(ids, s.ID)
+	}
+	return ids, true
+}
+
+// internalKey is the cluster's internal key, which gateways sign their
+// calls to hosts with.
+func internalKey(t *testing.T) []byte {
+	t.Helper()
+	db := openDB(t)
+	defer db.Close()
+	secrets, err := db.EnsureSecrets(context.Background(), ids.RandomKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return secrets.Internal
 }

@@ -2,24 +2,21 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/chunkstore"
 	"github.com/cellfork/cellfork/internal/chunkstore/chunkstoretest"
-	"github.com/cellfork/cellfork/internal/clusterauth"
 	"github.com/cellfork/cellfork/internal/clusterdb"
 	"github.com/cellfork/cellfork/internal/errdefs"
-	"github.com/cellfork/cellfork/internal/ids"
 	"github.com/cellfork/cellfork/internal/placement"
 	"github.com/cellfork/cellfork/test/cluster/harness"
 )
@@ -581,32 +578,11 @@ func testForkPeerUnreachable(t *testing.T) {
 // gateway asks).
 func hostLists(t *testing.T, h *harness.Host, id string) bool {
 	t.Helper()
-	db, err := clusterdb.Open(context.Background(), c.PG.URL)
-	if err != nil {
-		t.Fatal(err)
+	ids, ok := listed(t, h)
+	if !ok {
+		t.Fatalf("listing host %d: it does not answer", h.N)
 	}
-	defer db.Close()
-	secrets, err := db.EnsureSecrets(context.Background(), ids.RandomKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, _ := http.NewRequest("GET", "http://"+h.Addr+"/v2/sandboxes?state=running,paused&limit=1000", nil)
-	clusterauth.Sign(req, secrets.Internal, c.Team, "", time.Now())
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatalf("listing host %d: %v", h.N, err)
-	}
-	defer resp.Body.Close()
-	var list []struct {
-		ID string `json:"sandboxID"`
-	}
-	_ = json.NewDecoder(resp.Body).Decode(&list)
-	for _, s := range list {
-		if s.ID == id {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(ids, id)
 }
 
 // testStoreOutage: the S3 server stops while a paused sandbox's image
