@@ -71,19 +71,25 @@ func (m *Manager) uploadPausedOnce(ctx context.Context, id string) (done bool, e
 	default:
 		return false, err
 	}
-	l.update(func() { l.rec.PausedRoot = root })
+	// A single host keeps it in the store only from here (a resume
+	// imports it: fetchPaused); a cluster's host once the sandbox's row
+	// names the root (Published), which this put writes: until then, its
+	// copy is what uploads it again should the cluster's collection take
+	// it (recheckPaused).
+	drop := m.cluster == nil
+	l.update(func() {
+		l.rec.PausedRoot = root
+		if drop {
+			l.rec.PausedImage = ""
+		}
+	})
 	if err := m.put(ctx, l.rec); err != nil {
-		l.update(func() { l.rec.PausedRoot = "" })
+		l.update(func() { l.rec.PausedRoot, l.rec.PausedImage = "", rec.PausedImage })
 		return false, err
 	}
 	m.log.Info("paused sandbox uploaded", "sandbox.id", id, "root", root, "uploaded_bytes", uploaded, "ms", time.Since(t0).Milliseconds())
-	// A single host keeps it in the store only from here (a resume
-	// imports it: fetchPaused); a cluster's host once the sandbox's row
-	// names the root (Published), which the put above writes: until
-	// then, this copy is what uploads it again should the cluster's
-	// collection take it (recheckPaused).
-	if m.cluster == nil {
-		m.dropCopy(ctx, l)
+	if drop {
+		m.removeCopy(id, rec.PausedImage)
 	}
 	return true, nil
 }
@@ -115,8 +121,13 @@ func (m *Manager) dropCopy(ctx context.Context, l *Live) {
 		m.log.Warn("keeping a paused image on the disk: recording its drop failed", "sandbox.id", l.rec.ID, "err", err)
 		return
 	}
+	m.removeCopy(l.rec.ID, img)
+}
+
+// removeCopy removes the disk's copy of sandbox id's uploaded paused image.
+func (m *Manager) removeCopy(id, img string) {
 	if err := os.RemoveAll(img); err != nil {
-		m.log.Warn("removing a paused image from the disk after its upload", "sandbox.id", l.rec.ID, "err", err)
+		m.log.Warn("removing a paused image from the disk after its upload", "sandbox.id", id, "err", err)
 	}
 }
 
