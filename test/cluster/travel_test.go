@@ -205,9 +205,8 @@ func testPausedMoves(t *testing.T) {
 	}
 	restarted = true
 	eventually(t, 30*time.Second, "the old host to drop its copies", func() bool {
-		_, err := os.Stat(filepath.Join(a.DataDir, "paused", sb.ID))
-		_, err2 := os.Stat(filepath.Join(a.DataDir, "paused", ended.ID))
-		return os.IsNotExist(err) && os.IsNotExist(err2)
+		ids, ok := listed(t, a)
+		return ok && !slices.Contains(ids, sb.ID) && !slices.Contains(ids, ended.ID)
 	})
 	if _, err := db.GetSandbox(ctx, ended.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("the old host wrote back the row of a sandbox that ended elsewhere: %v", err)
