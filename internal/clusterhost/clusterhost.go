@@ -289,53 +289,57 @@ type syncStore struct {
 	m *Member
 }
 
+// Put writes the record, then its row; a row that says this host must
+// drop the sandbox (it moved on meanwhile, or its team is over its limit)
+// fails the write's operation, which undoes its step (the drop follows).
 func (s syncStore) Put(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err := s.Store.Put(ctx, sb); err != nil {
 		return err
 	}
-	s.m.syncNow(ctx, s.m.dirty, sb.ID, s.m.syncSandbox)
-	return nil
+	return s.m.syncNow(ctx, s.m.dirty, sb.ID, s.m.syncSandbox)
 }
 
 func (s syncStore) Delete(ctx context.Context, id string) error {
 	if err := s.Store.Delete(ctx, id); err != nil {
 		return err
 	}
-	s.m.syncNow(ctx, s.m.dirty, id, s.m.syncSandbox)
-	return nil
+	return s.m.syncNow(ctx, s.m.dirty, id, s.m.syncSandbox)
 }
 
 // syncNow syncs a row (a sandbox's, or a snapshot's: set and sync say
 // which) before its operation answers, if the database is healthy (briefly
 // bounded), else leaves it to the sync loop. A create from it, through any
-// gateway, may follow at once.
-func (m *Member) syncNow(ctx context.Context, set map[string]bool, id string, sync func(context.Context, string) error) {
+// gateway, may follow at once. Its error is a row write's dropped alone:
+// a database that fails only defers the row.
+func (m *Member) syncNow(ctx context.Context, set map[string]bool, id string, sync func(context.Context, string) error) error {
 	if m.db == nil || m.host == nil || !m.healthy.Load() {
 		m.mark(set, id)
-		return
+		return nil
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 500*time.Millisecond)
 	defer cancel()
 	if err := sync(sctx, id); err != nil {
+		if errors.As(err, new(dropped)) {
+			return err
+		}
 		m.healthy.Store(false)
 		m.mark(set, id)
 	}
+	return nil
 }
 
 func (s syncStore) PutSnapshot(ctx context.Context, sn *sandbox.Snapshot) error {
 	if err := s.Store.PutSnapshot(ctx, sn); err != nil {
 		return err
 	}
-	s.m.syncNow(ctx, s.m.snaps, sn.ID, s.m.syncSnapshot)
-	return nil
+	return s.m.syncNow(ctx, s.m.snaps, sn.ID, s.m.syncSnapshot)
 }
 
 func (s syncStore) DeleteSnapshot(ctx context.Context, id string) error {
 	if err := s.Store.DeleteSnapshot(ctx, id); err != nil {
 		return err
 	}
-	s.m.syncNow(ctx, s.m.snaps, id, s.m.syncSnapshot)
-	return nil
+	return s.m.syncNow(ctx, s.m.snaps, id, s.m.syncSnapshot)
 }
 
 func (m *Member) mark(set map[string]bool, id string) {

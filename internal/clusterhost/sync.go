@@ -70,7 +70,7 @@ func (m *Member) take(set map[string]bool) []string {
 func (m *Member) flush(ctx context.Context) error {
 	var firstErr error
 	for _, id := range m.take(m.dirty) {
-		if err := m.syncSandbox(ctx, id); err != nil {
+		if err := m.syncSandbox(ctx, id); err != nil && !errors.As(err, new(dropped)) {
 			m.mark(m.dirty, id)
 			if firstErr == nil {
 				firstErr = err
@@ -114,12 +114,20 @@ func (m *Member) syncSandbox(ctx context.Context, id string) error {
 	return err
 }
 
+// dropped is a row write's answer that this host must drop its copy of
+// the sandbox, which is not the database failing: the operation whose
+// write found it fails with it (a user error of its class), and the sync
+// loop moves on.
+type dropped struct{ error }
+
+func (d dropped) Unwrap() error { return d.error }
+
 // writeSandboxRow writes sandbox id's row from its local record; then is
 // what the host must do about the row written (nil: nothing): drop its
-// copy (it moved on, or its team is over its limit), or its paused
-// image's copy on the disk, once the row names the image's root in the
-// chunk store (the cluster's collection keeps it from then on). Caller
-// holds the right to write rows (lockSync).
+// copy (it moved on, or its team is over its limit; err is then a
+// dropped), or its paused image's copy on the disk, once the row names
+// the image's root in the chunk store (the cluster's collection keeps it
+// from then on). Caller holds the right to write rows (lockSync).
 func (m *Member) writeSandboxRow(ctx context.Context, id string) (then func(context.Context), err error) {
 	slot := m.Slot()
 	rec, err := m.local.Get(ctx, id)
@@ -138,17 +146,19 @@ func (m *Member) writeSandboxRow(ctx context.Context, id string) (then func(cont
 	if row.Record, err = store.EncodeSandbox(rec); err != nil {
 		return nil, err
 	}
-	drop := func(why string) func(context.Context) {
-		return func(ctx context.Context) { m.host.Drop(ctx, id, why) }
+	drop := func(class error, why string) (func(context.Context), error) {
+		return func(ctx context.Context) { m.host.Drop(ctx, id, why) },
+			dropped{errdefs.New(class, "sandbox %q cannot go on on this host: %s", id, why)}
 	}
 	switch err := m.db.Sync(ctx, row); {
 	case errors.Is(err, clusterdb.ErrStale):
-		// Another host runs it now: this copy must never answer again.
-		return drop("it moved to another host"), nil
+		// Another host runs it now (or it ended there): this copy must
+		// never answer again.
+		return drop(errdefs.ErrNotFound, "it moved to another host")
 	case errors.Is(err, clusterdb.ErrTeamLimit):
-		return drop("its team is at its limit of running sandboxes"), nil
+		return drop(errdefs.ErrLimitReached, "its team is at its limit of running sandboxes")
 	case errors.Is(err, clusterdb.ErrNoTeam):
-		return drop("its team does not exist"), nil
+		return drop(errdefs.ErrNotFound, "its team does not exist")
 	case err != nil:
 		return nil, err
 	}

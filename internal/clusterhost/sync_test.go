@@ -2,15 +2,18 @@ package clusterhost
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cellfork/cellfork/internal/clusterdb"
 	"github.com/cellfork/cellfork/internal/clusterdb/pgtest"
+	"github.com/cellfork/cellfork/internal/errdefs"
 	"github.com/cellfork/cellfork/internal/sandbox"
 	"github.com/cellfork/cellfork/internal/store"
 )
@@ -84,8 +87,8 @@ func join(t *testing.T) (*Member, sandbox.Store, *host, *clusterdb.DB) {
 
 // put writes rec through the member's store while the sandbox is held
 // (as the manager's operations hold it while they write its record),
-// and fails if the write waits for what it asks the host to do.
-func put(t *testing.T, st sandbox.Store, h *host, rec *sandbox.Sandbox) {
+// and fails the test if the write waits for what it asks the host to do.
+func put(t *testing.T, st sandbox.Store, h *host, rec *sandbox.Sandbox) error {
 	t.Helper()
 	h.held.Lock()
 	defer h.held.Unlock()
@@ -93,11 +96,17 @@ func put(t *testing.T, st sandbox.Store, h *host, rec *sandbox.Sandbox) {
 	go func() { done <- st.Put(context.Background(), rec) }()
 	select {
 	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
+		return err
 	case <-time.After(10 * time.Second):
 		t.Fatal("a write of the sandbox's record waits for the host to take the sandbox, which its writer holds")
+		return nil
+	}
+}
+
+func mustPut(t *testing.T, st sandbox.Store, h *host, rec *sandbox.Sandbox) {
+	t.Helper()
+	if err := put(t, st, h, rec); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -120,9 +129,9 @@ func TestRowNamingThePausedRootLetsTheHostDropItsCopy(t *testing.T) {
 	ctx := context.Background()
 	rec := &sandbox.Sandbox{ID: m.IDs().SandboxID(), Team: "acme", State: sandbox.StatePaused, TemplateID: "base",
 		StartedAt: time.Now().UTC(), EndAt: time.Now().UTC().Add(time.Hour), PausedImage: "/data/paused/x"}
-	put(t, st, h, rec) // not uploaded yet
+	mustPut(t, st, h, rec) // not uploaded yet
 	rec.PausedRoot = "b3-root"
-	put(t, st, h, rec)
+	mustPut(t, st, h, rec)
 	if got, want := next(t, h), "published "+rec.ID+" b3-root"; got != want {
 		t.Fatalf("told %q, want %q", got, want)
 	}
@@ -130,7 +139,7 @@ func TestRowNamingThePausedRootLetsTheHostDropItsCopy(t *testing.T) {
 		t.Fatalf("the row when the host is told: %+v %v", row, err)
 	}
 	rec.PausedImage = "" // the host dropped its copy
-	put(t, st, h, rec)
+	mustPut(t, st, h, rec)
 	m.mark(m.dirty, rec.ID) // and the sync loop writes it again
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		select {
@@ -141,16 +150,17 @@ func TestRowNamingThePausedRootLetsTheHostDropItsCopy(t *testing.T) {
 	}
 }
 
-// A write of a sandbox that moved to another host meanwhile drops it,
-// without waiting for the drop: the writer holds the sandbox, which the
-// drop takes (before, the write never returned, and the sandbox and the
-// host's syncs stayed stuck behind it).
+// A write of a sandbox that moved to another host meanwhile fails (its
+// operation, say a resume, must not answer as if it went on here) and
+// drops it, without waiting for the drop: the writer holds the sandbox,
+// which the drop takes (before, the write never returned, and the
+// sandbox and the host's syncs stayed stuck behind it).
 func TestWriteOfAMovedSandboxDoesNotWaitForItsDrop(t *testing.T) {
 	m, st, h, db := join(t)
 	ctx := context.Background()
 	rec := &sandbox.Sandbox{ID: m.IDs().SandboxID(), Team: "acme", State: sandbox.StatePaused, TemplateID: "base",
 		StartedAt: time.Now().UTC(), EndAt: time.Now().UTC().Add(time.Hour), PausedRoot: "b3-root"}
-	put(t, st, h, rec)
+	mustPut(t, st, h, rec)
 	other, epoch, err := db.Register(ctx, "host-b", 1, "127.0.0.1:10")
 	if err != nil {
 		t.Fatal(err)
@@ -165,8 +175,10 @@ func TestWriteOfAMovedSandboxDoesNotWaitForItsDrop(t *testing.T) {
 	if err := db.Move(ctx, rec.ID, m.Slot(), row.Generation, other, 0); err != nil {
 		t.Fatal(err)
 	}
-	rec.EndAt = rec.EndAt.Add(time.Minute) // a change the old host makes meanwhile
-	put(t, st, h, rec)
+	rec.EndAt = rec.EndAt.Add(time.Minute) // a change the old host makes meanwhile (a resume)
+	if err := put(t, st, h, rec); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "moved to another host") {
+		t.Fatalf("writing the record of a sandbox that moved on: %v, want it refused as moved", err)
+	}
 	if got, want := next(t, h), "drop "+rec.ID; got != want {
 		t.Fatalf("told %q, want %q", got, want)
 	}
