@@ -155,7 +155,9 @@ PHASES_RESTORE = [
     ("whole kernel load, with VFS and network (Overall load took)", re.compile(r"Overall load took \[" + DUR)),
     ("page loading (async, total)", re.compile(r"Async page loading completed in " + DUR)),
     ("page metadata loaded in", re.compile(r"loaded metadata in " + DUR)),
+    ("premap, after the restore reported success (0013, 0014)", re.compile(r"Premapped \d+ pmas for \d+ recorded fault ranges in " + DUR)),
 ]
+PREMAPPED = re.compile(r"Premapped (\d+) pmas for")
 PHASES_SAVE = [
     ("stop time (Stopping time for save took)", re.compile(r"Stopping time for save took \[" + DUR)),
     ("evictions (Evictions for save took)", re.compile(r"Evictions for save took \[" + DUR)),
@@ -206,6 +208,8 @@ def phases_in(files, phases, since=0.0):
                     got[name] = to_ms(m.group(1))
             if (m := ADOPTED.search(line)) and phases is PHASES_RESTORE:
                 got["memory mapped from the image, not loaded (MB)"] = int(m.group(1)) / 2**20
+            if (m := PREMAPPED.search(line)) and phases is PHASES_RESTORE:
+                got["pmas premapped"] = int(m.group(1))
     return got
 
 
@@ -389,6 +393,11 @@ def diff_init(side):
                   "/init + first run_code (ms)": ini + fe}
             if cpu0 is not None and cpu1 is not None:
                 ph["sandbox CPU, restore + /init + first run_code (ms)"] = cpu1 - cpu0
+            time.sleep(0.2)  # the sentry logs its premap
+            logged = phases_in(logs_of(side, cid), PHASES_RESTORE)
+            for k in (PHASES_RESTORE[-1][0], "pmas premapped"):
+                if k in logged:
+                    ph[k] = logged[k]
             return t, ph
         finally:
             side.raw.delete(cid)
