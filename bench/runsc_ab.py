@@ -30,6 +30,12 @@ alternating A and B sample by sample so that both see the same machine:
   pre-created container, then its first run_code: what create from a
   snapshot, fork, rollback and resume from disk restore, each the first
   restore of its image.
+* diffinit (not by default): the same diff image restored, then what the
+  daemon does with it: the hand-off (`POST /init`, timed: the daemon's
+  `init` phase) and the first run_code (timed). The image's first restore,
+  before the samples, is the warm-up of `pooled`, so that the child whose
+  checkpoint is the diff image was restored as the daemon's pool restores
+  (premap, 0013).
 
 Every runsc call logs to a debug-log directory; the tables take their
 phases from the sentry's log lines (kernel-state decode, page loading,
@@ -149,7 +155,9 @@ PHASES_RESTORE = [
     ("whole kernel load, with VFS and network (Overall load took)", re.compile(r"Overall load took \[" + DUR)),
     ("page loading (async, total)", re.compile(r"Async page loading completed in " + DUR)),
     ("page metadata loaded in", re.compile(r"loaded metadata in " + DUR)),
+    ("premap, after the restore reported success (0013, 0014)", re.compile(r"Premapped \d+ pmas for \d+ recorded fault ranges in " + DUR)),
 ]
+PREMAPPED = re.compile(r"Premapped (\d+) pmas for")
 PHASES_SAVE = [
     ("stop time (Stopping time for save took)", re.compile(r"Stopping time for save took \[" + DUR)),
     ("evictions (Evictions for save took)", re.compile(r"Evictions for save took \[" + DUR)),
@@ -200,6 +208,8 @@ def phases_in(files, phases, since=0.0):
                     got[name] = to_ms(m.group(1))
             if (m := ADOPTED.search(line)) and phases is PHASES_RESTORE:
                 got["memory mapped from the image, not loaded (MB)"] = int(m.group(1)) / 2**20
+            if (m := PREMAPPED.search(line)) and phases is PHASES_RESTORE:
+                got["pmas premapped"] = int(m.group(1))
     return got
 
 
@@ -222,6 +232,15 @@ c.request('POST', '/init', json.dumps({'envVars': {}, 'defaultUser': 'user', 'de
 r = c.getresponse()
 assert r.status // 100 == 2, r.status
 """
+
+
+def timed_hand_off(side, cid):
+    """POST /init to a restored sandbox's agent, timed inside its router
+    netns (ms)."""
+    p = netns_run(side.raw, cid, "import time\nt0 = time.perf_counter()\n" + INIT + "print((time.perf_counter() - t0) * 1000)\n")
+    if p.returncode:
+        raise RuntimeError(f"{side.name}: /init failed: {p.stderr[-500:]}")
+    return float(p.stdout.strip())
 
 
 def hand_off(side, cid):
@@ -351,6 +370,41 @@ def diff_restore(side):
         rm(img)
 
 
+def diff_init(side):
+    """A diff image (as diff_restore's) restored into a pre-created
+    container (timed), handed off (/init, timed) and its first run_code
+    (timed), with the sandbox's CPU from the restore to the end of it."""
+    _, img = raw_checkpoint(side, side.child)
+    try:
+        with thp(side.thp):
+            cid = side.raw.setup(side.spec, prepared=True)
+        try:
+            b = side.raw.live[cid][1]
+            cpu0 = cpu_ms(cid)
+            with open(os.path.join(b, "console.log"), "a") as out:
+                t = side.raw.runsc(side.raw.root, "restore", "--detach", *side.flags,
+                                   f"--image-path={img}", f"--bundle={b}", cid, out=out,
+                                   log_to=os.path.join(b, "runsc.log"))
+            side.raw.check(cid)
+            ini = timed_hand_off(side, cid)
+            fe = first_exec(side, cid)
+            cpu1 = cpu_ms(cid)
+            ph = {"/init right after the restore (ms)": ini, "first run_code after /init (ms)": fe,
+                  "/init + first run_code (ms)": ini + fe}
+            if cpu0 is not None and cpu1 is not None:
+                ph["sandbox CPU, restore + /init + first run_code (ms)"] = cpu1 - cpu0
+            time.sleep(0.2)  # the sentry logs its premap
+            logged = phases_in(logs_of(side, cid), PHASES_RESTORE)
+            for k in (PHASES_RESTORE[-1][0], "pmas premapped"):
+                if k in logged:
+                    ph[k] = logged[k]
+            return t, ph
+        finally:
+            side.raw.delete(cid)
+    finally:
+        rm(img)
+
+
 def warm_up(side):
     """The image's first restore, as the daemon's warm-up: handed off and
     running code within the sentry's working-set window (0008), then gone."""
@@ -447,7 +501,7 @@ def main():
     ap.add_argument("--thp", choices=["a", "b", "both", "none"], default="none", help="which side runs with host shmem huge pages")
     ap.add_argument("--n", type=int, default=10, help="samples per side and operation")
     ap.add_argument("--fork", type=int, default=5, help="parallel restores in the fork row")
-    ap.add_argument("--ops", default="restore,fork,checkpoint,pss", help="comma-separated subset of restore,fork,checkpoint,pss,diff,pooled")
+    ap.add_argument("--ops", default="restore,fork,checkpoint,pss", help="comma-separated subset of restore,fork,checkpoint,pss,diff,pooled,diffinit")
     ap.add_argument("--idle", type=float, default=2.0, help="seconds a pooled sandbox idles after its hand-off")
     args = ap.parse_args()
     ops = args.ops.split(",")
@@ -460,7 +514,7 @@ def main():
     if src is None:
         raise SystemExit("the daemon has no ready sandbox to take a bundle from")
     t_start, load0 = time.time(), os.getloadavg()[0]
-    res = {s.name: {"restore": [], "rphase": [], "diff": [], "dphase": [], "fork": [], "ckpt": [], "size": [], "sphase": [], "pss": [], "uss": [], "pooled": [], "pphase": []} for s in sides}
+    res = {s.name: {"restore": [], "rphase": [], "diff": [], "dphase": [], "fork": [], "ckpt": [], "size": [], "sphase": [], "pss": [], "uss": [], "pooled": [], "pphase": [], "dinit": [], "diphase": []} for s in sides}
     timers, procs = {}, {}
     try:
         for s in sides:
@@ -469,13 +523,15 @@ def main():
             t, img = raw_checkpoint(s, s.parent)
             s.image = img
             log(f"{s.name}: image {dir_mb(img):.0f} MB")
-            if "pooled" in ops:
+            if "pooled" in ops or "diffinit" in ops:
                 warm_up(s)
-            if "checkpoint" in ops or "diff" in ops:
+            if "checkpoint" in ops or "diff" in ops or "diffinit" in ops:
                 # The sandbox the checkpoint samples save: restored, used.
                 with thp(s.thp):
                     s.child = s.raw.setup(s.spec, prepared=False)
                 s.raw.restore(s.child, s.image)
+                if "diffinit" in ops:
+                    hand_off(s, s.child)  # as the daemon's sandboxes that are snapshotted
                 first_exec(s, s.child)
         for i in range(args.n):
             order = sides if i % 2 == 0 else sides[::-1]
@@ -493,6 +549,10 @@ def main():
                     t, ph = diff_restore(s)
                     r["diff"].append(t)
                     r["dphase"].append(ph)
+                if "diffinit" in ops:
+                    t, ph = diff_init(s)
+                    r["dinit"].append(t)
+                    r["diphase"].append(ph)
                 if "pooled" in ops:
                     t, ph = pooled(s, args.idle)
                     r["pooled"].append(t)
@@ -538,6 +598,8 @@ def main():
     phase_pair("rphase", PHASES_RESTORE)
     pair("`runsc restore` of a diff image (a checkpoint of a restored sandbox) into a pre-created container", "diff")
     phase_pair("dphase", PHASES_RESTORE)
+    pair("`runsc restore` of a diff image, then /init and its first run_code", "dinit")
+    phase_pair("diphase", [])
     pair(f"first run_code of a pooled sandbox (restored, handed off, idle {args.idle:g} s)", "pooled")
     phase_pair("pphase", [])
     pair(f"{args.fork} parallel `runsc restore` into new containers (wall)", "fork")

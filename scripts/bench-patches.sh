@@ -19,13 +19,14 @@
 #   pipeline    0011 decode-pipeline       --upto 10 vs --upto 11
 #   stubs       0012 stub-pool             --upto 11 vs --upto 12
 #   premap      0013 premap                --upto 12 vs --upto 13 (a pooled sandbox's first print(1))
+#   inherit     0014 premap-inherit        --upto 13 vs --upto 14 (a diff image's /init and first run_code)
 #   background-cow  --background on the full set
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=8
 if [ "${1:-}" = --n ]; then n=$2; shift 2; fi
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(loader background thp zeroscan gc cow sync heap ws diff fdtable pipeline stubs premap background-cow)
+[ ${#steps[@]} -gt 0 ] || steps=(loader background thp zeroscan gc cow sync heap ws diff fdtable pipeline stubs premap inherit background-cow)
 
 b() { scripts/build-runsc.sh "$@" | tail -n 1; }
 full=$(b)
@@ -55,6 +56,7 @@ for s in "${steps[@]}"; do
     pipeline) run "0011 decode-pipeline" "$(b --upto 10)" "$(b --upto 11)" --ops restore,diff ;;
     stubs) run "0012 stub-pool" "$(b --upto 11)" "$(b --upto 12)" --ops restore,diff,pss ;;
     premap) run "0013 premap" "$(b --upto 12)" "$(b --upto 13)" --ops pooled,restore ;;
+    inherit) run "0014 premap-inherit" "$(b --upto 13)" "$(b --upto 14)" --ops diffinit,diff ;;
     background-cow) run "runsc restore --background, with every patch" "$full" "$full" --b-flags=--background ;;
     *) echo "bench-patches: unknown step $s" >&2; exit 2 ;;
   esac

@@ -358,3 +358,56 @@ func TestPremapIsolation(t *testing.T) {
 		killQuietly(later.SandboxID)
 	}
 }
+
+// TestPremapInheritIsolation is TestPremapIsolation for diff images: a fork
+// child's or a snapshot's restore maps, before its first request, the
+// memory that the warm image's first request touched, with the fault
+// ranges its parent was restored with (patches/gvisor: premap-inherit). A
+// child that writes over strings of the warm image sees its writes; its
+// sibling, its parent, a sandbox created from the parent's snapshot before
+// the writes and one after see the image; a sandbox created from the
+// writer's snapshot (a diff of a diff) sees the writes.
+func TestPremapInheritIsolation(t *testing.T) {
+	waitPool(t)
+	parent, mode := createMode(t, nil)
+	if mode != "pool" {
+		t.Fatalf("%s: bootMode %q, want a pooled sandbox", parent.SandboxID, mode)
+	}
+	image := stdoutOf(runCode(t, parent, imageDocs))
+	var n int
+	if _, err := fmt.Sscanf(image, "%d ", &n); err != nil || n < 20 {
+		t.Fatalf("the image's docstrings: %q", image)
+	}
+	snap := snapshotOf(t, parent.SandboxID, "")
+	before := create(t, map[string]any{"templateID": snap})
+	kids := forkN(t, parent, 2)
+	writer, sibling := kids[0], kids[1]
+	for _, sb := range []sandboxInfo{writer, sibling, before} {
+		if got := stdoutOf(runCode(t, sb, "print(docs_digest())")); got != image {
+			t.Fatalf("%s does not start with the parent's memory: %q, want %q", sb.SandboxID, got, image)
+		}
+	}
+	out := stdoutOf(runCode(t, writer, overwriteDocs))
+	var written int
+	var all string
+	if _, err := fmt.Sscanf(out, "%d %s", &written, &all); err != nil || written < 20*n || all != "True" {
+		t.Fatalf("overwriting the docstrings: %q", out)
+	}
+	written2 := stdoutOf(runCode(t, writer, "print(docs_digest())"))
+	if written2 == image {
+		t.Fatalf("the writer does not see its writes: %q", written2)
+	}
+	for name, sb := range map[string]sandboxInfo{"its sibling": sibling, "its parent": parent, "a sandbox created from the parent's snapshot before": before} {
+		if got := stdoutOf(runCode(t, sb, "print(docs_digest())")); got != image {
+			t.Errorf("%s sees the writer's writes: %q, want %q", name, got, image)
+		}
+	}
+	after := create(t, map[string]any{"templateID": snap})
+	if got := stdoutOf(runCode(t, after, "print(docs_digest())")); got != image {
+		t.Errorf("a sandbox created from the parent's snapshot after the writes sees them: %q, want %q", got, image)
+	}
+	chained := create(t, map[string]any{"templateID": snapshotOf(t, writer.SandboxID, "")})
+	if got := stdoutOf(runCode(t, chained, "print(docs_digest())")); got != written2 {
+		t.Errorf("a sandbox created from the writer's snapshot does not see its writes: %q, want %q", got, written2)
+	}
+}
