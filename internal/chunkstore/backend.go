@@ -126,6 +126,31 @@ func (r Retry) do(ctx context.Context, op func() error) error {
 	}
 }
 
+// IntoReader is a Backend that reads a whole object into the caller's
+// buffer, which must be the object's size (one of another size is
+// ErrCorrupt): the file backend's, so that an import from a local store
+// allocates nothing per chunk. A Backend without it is read whole and
+// copied.
+type IntoReader interface {
+	GetInto(ctx context.Context, key string, dst []byte) error
+}
+
+// getInto reads key whole into dst, by b's GetInto if it has one.
+func getInto(ctx context.Context, b Backend, key string, dst []byte) error {
+	if ir, ok := b.(IntoReader); ok {
+		return ir.GetInto(ctx, key, dst)
+	}
+	data, err := b.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	if len(data) != len(dst) {
+		return fmt.Errorf("%s: %d bytes, want %d: %w", key, len(data), len(dst), errdefs.ErrCorrupt)
+	}
+	copy(dst, data)
+	return nil
+}
+
 // retrying wraps a Backend so that each call is retried by r.
 type retrying struct {
 	Backend
@@ -140,6 +165,10 @@ func (b retrying) Get(ctx context.Context, key string) (data []byte, err error) 
 func (b retrying) GetRange(ctx context.Context, key string, off, n int64) (data []byte, err error) {
 	err = b.r.do(ctx, func() error { data, err = getRange(ctx, b.Backend, key, off, n); return err })
 	return data, err
+}
+
+func (b retrying) GetInto(ctx context.Context, key string, dst []byte) error {
+	return b.r.do(ctx, func() error { return getInto(ctx, b.Backend, key, dst) })
 }
 
 func (b retrying) Put(ctx context.Context, key string, data []byte) error {

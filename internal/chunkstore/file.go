@@ -93,6 +93,28 @@ func (b *FileBackend) Get(ctx context.Context, key string) ([]byte, error) {
 	return data, nil
 }
 
+// GetInto reads the object into dst, which must be its size.
+func (b *FileBackend) GetInto(ctx context.Context, key string, dst []byte) error {
+	p, err := b.path(key)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return fileErr("reading", key, err)
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return fileErr("reading", key, err)
+	} else if fi.Size() != int64(len(dst)) {
+		return fmt.Errorf("reading %s: %d bytes, want %d: %w", key, fi.Size(), len(dst), errdefs.ErrCorrupt)
+	}
+	if _, err := io.ReadFull(f, dst); err != nil {
+		return fileErr("reading", key, err)
+	}
+	return nil
+}
+
 func (b *FileBackend) Put(ctx context.Context, key string, data []byte) error {
 	p, err := b.path(key)
 	if err != nil {

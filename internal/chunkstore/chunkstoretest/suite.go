@@ -412,16 +412,23 @@ func (cs suite) testCorruptInStore(t *testing.T, b chunkstore.Backend) {
 	if err := b.Put(ctx(t), key, bad); err != nil {
 		t.Fatal(err)
 	}
+	// Imported through a host cache, and without one (read straight into
+	// the image where the store holds chunks loose).
 	cold, _ := cs.store(t, b, true)
-	if _, err := cold.Import(ctx(t), st.Root, filepath.Join(dir, "out")); !errors.Is(err, errdefs.ErrCorrupt) {
-		t.Fatalf("import with a corrupt chunk in the store: %v, want ErrCorrupt", err)
+	uncached, _ := cs.store(t, b, false)
+	for _, s := range []*chunkstore.Store{cold, uncached} {
+		if _, err := s.Import(ctx(t), st.Root, filepath.Join(dir, "out")); !errors.Is(err, errdefs.ErrCorrupt) {
+			t.Fatalf("import with a corrupt chunk in the store: %v, want ErrCorrupt", err)
+		}
 	}
 	// A corrupt chunk that is also shorter (a pack cut short in it).
 	if err := b.Put(ctx(t), key, good[:off+10]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cold.Import(ctx(t), st.Root, filepath.Join(dir, "out")); !errors.Is(err, errdefs.ErrCorrupt) {
-		t.Fatalf("import with a truncated chunk in the store: %v, want ErrCorrupt", err)
+	for _, s := range []*chunkstore.Store{cold, uncached} {
+		if _, err := s.Import(ctx(t), st.Root, filepath.Join(dir, "out")); !errors.Is(err, errdefs.ErrCorrupt) {
+			t.Fatalf("import with a truncated chunk in the store: %v, want ErrCorrupt", err)
+		}
 	}
 	// A corrupt manifest.
 	body, err := b.Get(ctx(t), chunkstore.ManifestKey(st.Root))
@@ -431,7 +438,6 @@ func (cs suite) testCorruptInStore(t *testing.T, b chunkstore.Backend) {
 	if err := b.Put(ctx(t), chunkstore.ManifestKey(st.Root), flipped(body)); err != nil {
 		t.Fatal(err)
 	}
-	uncached, _ := cs.store(t, b, false)
 	if _, err := uncached.Manifest(ctx(t), st.Root); !errors.Is(err, errdefs.ErrCorrupt) {
 		t.Fatalf("corrupt manifest: %v, want ErrCorrupt", err)
 	}
