@@ -6,7 +6,12 @@ run_code after the answer, and the new sandbox's CPU (its cgroup's
 cpuacct.usage from its shell's creation to its first run_code answered),
 which the machine's load moves far less than the wall times.
 
-    bench/daemon_ab.py [--n 12] A=URL,KEY,DATA_DIR B=URL,KEY,DATA_DIR
+    bench/daemon_ab.py [--n 12] [--wake] A=URL,KEY,DATA_DIR B=URL,KEY,DATA_DIR
+
+--wake measures instead the wake of a sandbox suspended in the chunk
+store: a pool hit, 1 s, a pause with spill, its upload awaited (a single
+host then drops `paused/<id>`), 1 s, and the connect that imports and
+restores it.
 
 Start both daemons first, each with its own data directory and port (and
 `--standby-snapshots 0`, so that no standby answers a create), e.g. with
@@ -35,12 +40,32 @@ def cpu_ms(sb):
     return int(open(f"/sys/fs/cgroup/cpuacct/cellfork/{rid}/cpuacct.usage").read()) / 1e6
 
 
+def wake(s, quiet):
+    """One wake of a sandbox suspended in the chunk store: its connect's phases."""
+    api = s["api"]
+    quiet(s)
+    c = api.create()[0]
+    time.sleep(1)
+    api.call("POST", f"/sandboxes/{c['sandboxID']}/pause", {"spill": True})
+    img, t0 = os.path.join(s["data"], "paused", c["sandboxID"]), time.time()
+    while os.path.exists(img):
+        if time.time() - t0 > 30:
+            raise SystemExit(f"{s['name']}: the paused image of {c['sandboxID']} was not uploaded in 30 s")
+        time.sleep(0.05)
+    time.sleep(1)
+    _, st, wall = api.call("POST", f"/sandboxes/{c['sandboxID']}/connect", {"timeout": 300})
+    st["connect (client)"] = wall
+    api.kill(c)
+    return st
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=12, help="rounds (fork(5) runs in every other one)")
+    ap.add_argument("--wake", action="store_true", help="the wake of a sandbox suspended in the chunk store instead")
     ap.add_argument("sides", nargs=2, help="NAME=URL,KEY,DATA_DIR")
     args = ap.parse_args()
-    sides = [fork.side(a, rows={"snap": [], "fork1": [], "fork5": []}) for a in args.sides]
+    sides = [fork.side(a, rows={"snap": [], "fork1": [], "fork5": [], "wake": []}) for a in args.sides]
 
     def quiet(side, **kw):
         for o in sides:
@@ -59,6 +84,9 @@ def main():
         for s in (sides if i % 2 == 0 else sides[::-1]):
             api, sb = s["api"], s["sb"]
             fork.use(s)
+            if args.wake:
+                s["rows"]["wake"].append(wake(s, quiet))
+                continue
             fid = api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})[0]["snapshotID"]
             quiet(s, ready=0, shells=2)
             t0 = time.perf_counter()
@@ -88,7 +116,9 @@ def main():
         s["api"].kill(s["sb"])
     print(f"daemon A/B — {time.strftime('%Y-%m-%d %H:%M')} — load average {load0:.1f} at start / "
           f"{os.getloadavg()[0]:.1f} at end, {time.time() - t_start:.0f} s; p50 in ms, sides alternating\n")
-    for op, title in (("snap", "create from a fresh snapshot"), ("fork1", "fork(1)"), ("fork5", "fork(5)")):
+    ops = (("wake", "wake from the chunk store"),) if args.wake else (
+        ("snap", "create from a fresh snapshot"), ("fork1", "fork(1)"), ("fork5", "fork(5)"))
+    for op, title in ops:
         keys = []
         for s in sides:
             for st in s["rows"][op]:
