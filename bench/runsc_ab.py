@@ -284,18 +284,25 @@ def gomaxprocs(files):
 
 # --- operations -------------------------------------------------------------------
 
+def restore_into(side, cid, image, flags=()):
+    """Restores image into the pre-created container cid: the restore's
+    time and the container's CPU before it."""
+    b = side.raw.live[cid][1]
+    cpu0 = cpu_ms(cid)
+    with open(os.path.join(b, "console.log"), "a") as out:
+        t = side.raw.runsc(side.raw.root, "restore", "--detach", *side.flags, *flags,
+                           f"--image-path={image}", f"--bundle={b}", cid, out=out,
+                           log_to=os.path.join(b, "runsc.log"))
+    side.raw.check(cid)
+    return t, cpu0
+
+
 def one_restore(side, flags=(), image=None):
     """One timed restore of the side's image (or of image) into a pre-created container."""
     with thp(side.thp):
         cid = side.raw.setup(side.spec, prepared=True)
     try:
-        b = side.raw.live[cid][1]
-        cpu0 = cpu_ms(cid)
-        with open(os.path.join(b, "console.log"), "a") as out:
-            t = side.raw.runsc(side.raw.root, "restore", "--detach", *side.flags, *flags,
-                               f"--image-path={image or side.image}", f"--bundle={b}", cid, out=out,
-                               log_to=os.path.join(b, "runsc.log"))
-        side.raw.check(cid)
+        t, cpu0 = restore_into(side, cid, image or side.image, flags)
         fe = first_exec(side, cid)
         cpu1 = cpu_ms(cid)
         time.sleep(0.5)  # background page loading finishes, the timer logs
@@ -379,13 +386,7 @@ def diff_init(side):
         with thp(side.thp):
             cid = side.raw.setup(side.spec, prepared=True)
         try:
-            b = side.raw.live[cid][1]
-            cpu0 = cpu_ms(cid)
-            with open(os.path.join(b, "console.log"), "a") as out:
-                t = side.raw.runsc(side.raw.root, "restore", "--detach", *side.flags,
-                                   f"--image-path={img}", f"--bundle={b}", cid, out=out,
-                                   log_to=os.path.join(b, "runsc.log"))
-            side.raw.check(cid)
+            t, cpu0 = restore_into(side, cid, img)
             ini = timed_hand_off(side, cid)
             fe = first_exec(side, cid)
             cpu1 = cpu_ms(cid)
