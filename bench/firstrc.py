@@ -90,7 +90,7 @@ def main():
     args = ap.parse_args()
     gaps = [float(g) for g in args.gaps.split(",")]
     sides = [fork.side(a, spans=[], missed=0,
-                       rows={g: {"rc": [], "cpu": [], "boxes": [], "host": [], "create": [], "fsentry": [], "fstubs": [], "exec": []} for g in gaps})
+                       rows={g: {"rc": [], "cpu": [], "boxes": [], "host": [], "create": [], "server": [], "init": [], "fsentry": [], "fstubs": [], "exec": []} for g in gaps})
              for a in args.sides]
     for s in sides:
         s["logdir"] = (s["more"] or [None])[0]
@@ -104,6 +104,7 @@ def main():
                     fork.fill(sides)
                     fork.use(s)
                     api = s["api"]
+                    st = {}
                     if args.op == "run_code":
                         sb, st, wall = api.create()
                         mode = sb.get("bootMode")
@@ -144,6 +145,9 @@ def main():
                 r["boxes"].append(b1 - b0)
                 r["host"].append(h1 - h0)
                 r["create"].append(wall)
+                if st:
+                    r["server"].append(st["total"])
+                    r["init"].append(st.get("init", 0.0))
                 r["fsentry"].append(fs1[0] - fs0[0])
                 r["fstubs"].append(fs1[1] - fs0[1])
                 api.kill(sb)
@@ -162,12 +166,15 @@ def main():
               ("boxes", "· every box's CPU meanwhile (refill included)"), ("host", "· host busy CPU meanwhile (/proc/stat)"),
               ("fsentry", "· host page faults of the sentry meanwhile (count)"),
               ("fstubs", "· host page faults of its stubs meanwhile (count)"),
-              ("create", "create before it (client wall)"))
+              ("create", "create before it (client wall)"),
+              ("server", "· its server total (Server-Timing)"), ("init", "· its `init` phase (the agent's /init)"))
     if args.op == "both":
         titles += (("exec", "commands.run('true') right after that run_code (client wall)"),)
     for g in gaps:
         for key, title in titles:
             meds, cells = [], []
+            if not all(s["rows"][g][key] for s in sides):
+                continue  # commands.run: no Server-Timing
             for s in sides:
                 v = s["rows"][g][key]
                 meds.append(statistics.median(v))

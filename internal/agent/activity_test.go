@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 )
@@ -71,5 +73,68 @@ func TestAfterQuietMax(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("never ran")
+	}
+}
+
+// TestLaterHoldsTheNextRequests: the request that starts work with Later
+// answers without it; the requests after it start once it is done, in the
+// order the work was started.
+func TestLaterHoldsTheNextRequests(t *testing.T) {
+	a := NewActivity()
+	release := make(chan struct{})
+	var order []string
+	h := a.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/init":
+			a.Later(func() { <-release; order = append(order, "first") })
+			a.Later(func() { order = append(order, "second") })
+		default:
+			order = append(order, "request")
+		}
+	}))
+	answered := make(chan struct{})
+	go func() { h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/init", nil)); close(answered) }()
+	select {
+	case <-answered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("/init waited for the work it started")
+	}
+	served := make(chan struct{})
+	go func() { h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/files", nil)); close(served) }()
+	select {
+	case <-served:
+		t.Fatal("the next request was served before the work was done")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case <-served:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the next request never started")
+	}
+	if got := strings.Join(order, ","); got != "first,second,request" {
+		t.Errorf("order %q, want first,second,request", got)
+	}
+}
+
+// TestLaterGivesUpWithTheClient: a request held behind Later ends when
+// its client goes away.
+func TestLaterGivesUpWithTheClient(t *testing.T) {
+	a := NewActivity()
+	block := make(chan struct{})
+	defer close(block)
+	a.Later(func() { <-block })
+	h := a.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { t.Error("served while the work runs") }))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/health", nil).WithContext(ctx))
+		close(done)
+	}()
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request stayed after its client left")
 	}
 }

@@ -85,7 +85,7 @@ func New(s *agent.Settings, daemon netip.Addr, act *agent.Activity) *Handler {
 				return
 			}
 		}
-		if handleInit(s, w, r) {
+		if handleInit(s, act, w, r) {
 			// The default user's spare shell, with the new settings, once
 			// the sandbox's first requests are done.
 			act.AfterQuiet(zygoteQuiet, zygoteMaxWait, ps.warmDefault)
@@ -108,7 +108,9 @@ func maxUploadBytes() int64 {
 }
 
 // handleInit applies a POST /init and answers it; true if it was applied.
-func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) bool {
+// The identity files are written after the answer, before act lets the
+// sandbox's next request in.
+func handleInit(s *agent.Settings, act *agent.Activity, w http.ResponseWriter, r *http.Request) bool {
 	var req wire.InitRequest
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxInitBody))
 	if err == nil && bytes.Equal(bytes.TrimSpace(body), []byte("null")) {
@@ -162,7 +164,7 @@ func handleInit(s *agent.Settings, w http.ResponseWriter, r *http.Request) bool 
 		}
 	}
 	s.Init(req.DefaultUser, req.DefaultWorkdir, req.EnvVars)
-	writeIdentity(identityDir, req.EnvVars)
+	act.Later(func() { writeIdentity(identityDir, req.EnvVars) })
 	if req.MaxUploadBytes > 0 {
 		s.SetMaxUpload(req.MaxUploadBytes)
 	}
