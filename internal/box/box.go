@@ -57,6 +57,10 @@ type Box struct {
 // Limits returns the limits the box runs with.
 func (b *Box) Limits() sandbox.Limits { return b.limits }
 
+// Rlimits returns the process limits (PidsMax, OpenFiles) the box's agent
+// applied to its processes; zero: none, the image's own.
+func (b *Box) Rlimits() sandbox.Limits { return b.rlimits }
+
 // Alive returns a context that ends when the box is destroyed.
 func (b *Box) Alive() context.Context { return b.ctx }
 
@@ -230,9 +234,13 @@ func (f *Factory) Prepare(ctx context.Context, rootfs string, limits sandbox.Lim
 // Restore starts a box from a checkpoint image, into shell (a prepared box
 // of the same rootfs and size) if not nil, else into a new one. The image
 // decides the disk size and the process limits: limits must agree (see
-// manager/source.go). The image is not deleted while it is read
-// (RemoveImage waits). On failure shell is destroyed too.
-func (f *Factory) Restore(ctx context.Context, image, rootfs string, limits sandbox.Limits, shell *Box) (*Box, error) {
+// manager/source.go). frozen are the limits of the sandbox the image was
+// taken of, whose process limits (PidsMax, OpenFiles) its hand-off applied
+// and the image's processes keep, so that a hand-off with the same ones
+// does not apply them again; zero for an image whose processes have the
+// boot's (a template's warm image). The image is not deleted while it is
+// read (RemoveImage waits). On failure shell is destroyed too.
+func (f *Factory) Restore(ctx context.Context, image, rootfs string, limits, frozen sandbox.Limits, shell *Box) (*Box, error) {
 	f.images.acquire(image)
 	defer f.images.release(image)
 	b := shell
@@ -262,6 +270,7 @@ func (f *Factory) Restore(ctx context.Context, image, rootfs string, limits sand
 	if err := f.agent.WaitUp(ctx, b); err != nil {
 		return nil, err
 	}
+	b.rlimits = rlimitsOf(frozen)
 	cu.Release()
 	return b, nil
 }

@@ -47,7 +47,7 @@ func (f *Factory) HandOff(ctx context.Context, b *Box, h HandOff) error {
 	if trust {
 		init.CACert = string(f.cfg.EgressCA)
 	}
-	want := sandbox.Limits{PidsMax: h.Limits.PidsMax, OpenFiles: h.Limits.OpenFiles}
+	want := rlimitsOf(h.Limits)
 	if b.rlimits != want {
 		init.PidsMax, init.OpenFiles = int64(want.PidsMax), int64(want.OpenFiles)
 	}
@@ -62,6 +62,11 @@ func (f *Factory) HandOff(ctx context.Context, b *Box, h HandOff) error {
 		b.trusts = true
 	}
 	return nil
+}
+
+// rlimitsOf returns the process limits among l: what the agent applies.
+func rlimitsOf(l sandbox.Limits) sandbox.Limits {
+	return sandbox.Limits{PidsMax: l.PidsMax, OpenFiles: l.OpenFiles}
 }
 
 // Trust makes b's agent trust the daemon's egress CA if the policy n has

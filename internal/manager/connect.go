@@ -149,7 +149,7 @@ func (m *Manager) resume(ctx context.Context, l *Live, timeout time.Duration) er
 			return err
 		}
 		limits := m.limits(l.rec)
-		b, err := m.pool.Restore(ctx, img, l.rec.Rootfs, limits)
+		b, err := m.pool.Restore(ctx, img, l.rec.Rootfs, limits, limits)
 		release()
 		if err != nil {
 			return err
@@ -211,7 +211,7 @@ func (m *Manager) reboot(ctx context.Context, l *Live, timeout time.Duration) er
 			if err != nil {
 				return err
 			}
-			src, err = m.pool.Restore(ctx, img, l.rec.Rootfs, limits)
+			src, err = m.pool.Restore(ctx, img, l.rec.Rootfs, limits, limits)
 			release()
 			if err != nil {
 				return err

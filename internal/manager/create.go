@@ -180,11 +180,11 @@ func (m *Manager) startBox(ctx context.Context, src source, limits sandbox.Limit
 			return nil, "", err
 		}
 		defer done()
-		b, err := m.pool.Restore(ctx, dir, src.rootfs, limits)
+		b, err := m.pool.Restore(ctx, dir, src.rootfs, limits, src.limits)
 		return b, "restore", err
 	}
 	if src.image != "" {
-		b, err := m.pool.Restore(ctx, src.image, src.rootfs, limits)
+		b, err := m.pool.Restore(ctx, src.image, src.rootfs, limits, sandbox.Limits{})
 		return b, "restore", err
 	}
 	b, err := m.boxes.Boot(ctx, src.rootfs, limits, "")

@@ -84,7 +84,7 @@ func (m *Manager) restoreOrStandby(ctx context.Context, sn *sandbox.Snapshot, li
 		return nil, err
 	}
 	defer done()
-	return m.pool.Restore(ctx, dir, sn.Rootfs, lim)
+	return m.pool.Restore(ctx, dir, sn.Rootfs, lim, m.cfg.DefaultLimits.Over(sn.Limits()))
 }
 
 // swapBox hands nb to the sandbox of l in place of its box, with change
@@ -127,7 +127,8 @@ func (m *Manager) Fork(ctx context.Context, id string, n int, timeout time.Durat
 	}
 	img := filepath.Join(m.forkDir(), sandbox.RandomHex(8))
 	err = m.checkpoint(ctx, l, img)
-	parent, limits := cloneRecord(l.rec), l.box.Limits()
+	// The children's processes keep the limits the parent's were given.
+	parent, limits, frozen := cloneRecord(l.rec), l.box.Limits(), l.box.Rlimits()
 	l.op.Unlock()
 	if err != nil {
 		return nil, err
@@ -138,7 +139,7 @@ func (m *Manager) Fork(ctx context.Context, id string, n int, timeout time.Durat
 	var wg sync.WaitGroup
 	for i := range results {
 		wg.Go(func() {
-			results[i].Sandbox, results[i].Err = m.forkChild(ctx, parent, img, limits, timeout)
+			results[i].Sandbox, results[i].Err = m.forkChild(ctx, parent, img, limits, frozen, timeout)
 		})
 	}
 	wg.Wait()
@@ -146,12 +147,12 @@ func (m *Manager) Fork(ctx context.Context, id string, n int, timeout time.Durat
 	return results, nil
 }
 
-func (m *Manager) forkChild(ctx context.Context, parent *sandbox.Sandbox, img string, limits sandbox.Limits, timeout time.Duration) (*sandbox.Sandbox, error) {
+func (m *Manager) forkChild(ctx context.Context, parent *sandbox.Sandbox, img string, limits, frozen sandbox.Limits, timeout time.Duration) (*sandbox.Sandbox, error) {
 	release, err := m.adm.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	b, err := m.pool.Restore(ctx, img, parent.Rootfs, limits)
+	b, err := m.pool.Restore(ctx, img, parent.Rootfs, limits, frozen)
 	release()
 	if err != nil {
 		return nil, err

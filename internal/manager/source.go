@@ -29,7 +29,9 @@ import (
 //     images. Images of templates are booted with the daemon's maximums;
 //     at hand-off the agent sets the sandbox's limits on itself (its
 //     children inherit them) and lowers them on every running process
-//     (never raises: nothing else holds CAP_SYS_RESOURCE). Ready sandboxes
+//     (never raises: nothing else holds CAP_SYS_RESOURCE), unless they
+//     have them already (an image of a sandbox with the same ones: a
+//     snapshot, a fork's parent, a paused sandbox). Ready sandboxes
 //     in the pool have the template's defaults applied while they wait, so
 //     they serve creates asking for those or less; more restores the
 //     template's image. A snapshot's processes cannot get more than the

@@ -145,9 +145,10 @@ func (p *Pool) TakeReady(name string) *box.Box {
 }
 
 // Restore restores image into a prepared shell when one fits (its rootfs,
-// CPUs and memory), else into a new box.
-func (p *Pool) Restore(ctx context.Context, image, rootfs string, limits sandbox.Limits) (*box.Box, error) {
-	return p.f.Restore(ctx, image, rootfs, limits, p.takeShell(rootfs, limits))
+// CPUs and memory), else into a new box; frozen are the limits of the
+// sandbox the image is of (box.Factory.Restore).
+func (p *Pool) Restore(ctx context.Context, image, rootfs string, limits, frozen sandbox.Limits) (*box.Box, error) {
+	return p.f.Restore(ctx, image, rootfs, limits, frozen, p.takeShell(rootfs, limits))
 }
 
 func (p *Pool) takeShell(rootfs string, limits sandbox.Limits) *box.Box {
@@ -310,7 +311,7 @@ func (p *Pool) Stats() Stats {
 // readyBox restores a template's warm image into a box that is ready to
 // hand off; nothing is left of it on failure.
 func (p *Pool) readyBox(ctx context.Context, w Warm) (*box.Box, error) {
-	b, err := p.Restore(ctx, w.Image, w.Rootfs, w.Limits)
+	b, err := p.Restore(ctx, w.Image, w.Rootfs, w.Limits, sandbox.Limits{})
 	if err != nil {
 		return nil, err
 	}

@@ -220,20 +220,35 @@ func TestLimitsFromSnapshot(t *testing.T) {
 			t.Errorf("%s from a snapshot: %d %s", body, r.status, r.body)
 		}
 	}
+	// The snapshot's own limits: its processes have them already (the
+	// hand-off does not apply them again).
 	same := create(t, map[string]any{"templateID": snap})
 	reported(t, same.SandboxID, map[string]int{"pidsMax": 512, "openFiles": 65536, "diskSizeMB": 512})
+	processLimits(t, "from the snapshot", same, "512/512", "65536/65536")
 	sb := create(t, map[string]any{"templateID": snap, "pidsMax": 64, "openFiles": 512})
-	if s := seen(t, sb, ""); s.procs != "64/64" || s.files != "512/512" {
-		t.Errorf("processes %s, open files %s", s.procs, s.files)
+	processLimits(t, "from the snapshot, lowered", sb, "64/64", "512/512")
+	reported(t, sb.SandboxID, map[string]int{"pidsMax": 64, "openFiles": 512})
+	// A fork's children keep the parent's lowered limits.
+	child := forkN(t, sb, 1)[0]
+	processLimits(t, "a fork's child", child, "64/64", "512/512")
+	reported(t, child.SandboxID, map[string]int{"pidsMax": 64, "openFiles": 512})
+}
+
+// processLimits checks the process and open-file limits (soft/hard) of
+// sb's new processes, its REPL kernel and the sleep left running in it.
+func processLimits(t *testing.T, what string, sb sandboxInfo, procs, files string) {
+	t.Helper()
+	if s := seen(t, sb, ""); s.procs != procs || s.files != files {
+		t.Errorf("%s: processes %s, open files %s; want %s, %s", what, s.procs, s.files, procs, files)
 	}
-	if got := kernelLimits(t, sb); got != "(64, 64) (512, 512)" {
-		t.Errorf("the snapshot's REPL kernel has %s", got)
+	p, f := strings.Split(procs, "/"), strings.Split(files, "/")
+	if got, want := kernelLimits(t, sb), fmt.Sprintf("(%s, %s) (%s, %s)", p[0], p[1], f[0], f[1]); got != want {
+		t.Errorf("%s: the REPL kernel has %s, want %s", what, got, want)
 	}
 	out, _, _ := run(t, sb, "", `grep -E "processes|open files" /proc/$(pgrep -o sleep)/limits | awk '{print $(NF-2) "/" $(NF-1)}' | tr '\n' ' '`)
-	if strings.TrimSpace(out) != "64/64 512/512" {
-		t.Errorf("a process left running in the snapshot has %q", out)
+	if got := strings.TrimSpace(out); got != procs+" "+files {
+		t.Errorf("%s: a process left running in the snapshot has %q, want %q", what, got, procs+" "+files)
 	}
-	reported(t, sb.SandboxID, map[string]int{"pidsMax": 64, "openFiles": 512})
 }
 
 // TestLimitsTemplateDefaults: a template's values (here the operator's,
