@@ -93,7 +93,10 @@ func TestLaterHoldsTheNextRequests(t *testing.T) {
 		}
 	}))
 	answered := make(chan struct{})
-	go func() { h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/init", nil)); close(answered) }()
+	go func() {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/init", nil))
+		close(answered)
+	}()
 	select {
 	case <-answered:
 	case <-time.After(5 * time.Second):
