@@ -134,6 +134,9 @@ func (m *Manager) Create(ctx context.Context, req sandbox.CreateRequest) (*sandb
 	if req.Network != nil {
 		rec.Network = req.Network.Clone()
 	}
+	// Foreground until the hand-off is done: the refill that taking a
+	// ready box starts would otherwise restore beside it.
+	defer m.adm.Busy()()
 	b, mode, err := m.startBox(ctx, src, limits)
 	if err != nil {
 		return nil, err
