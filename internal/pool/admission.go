@@ -51,8 +51,9 @@ func (a *Admission) Acquire(ctx context.Context) (func(), error) {
 	return func() { release(); a.releaseForeground() }, nil
 }
 
-// Busy marks foreground work that needs no slot (a checkpoint) until the
-// returned func is called, so that no refill competes with it either.
+// Busy marks foreground work that needs no slot (a checkpoint, a create
+// served from the pool until its hand-off is done) until the returned func
+// is called, so that no refill competes with it either.
 func (a *Admission) Busy() func() {
 	a.foreground.Add(1)
 	return a.releaseForeground
