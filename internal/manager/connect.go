@@ -131,6 +131,8 @@ func (m *Manager) fetchPaused(ctx context.Context, l *Live) (undo func(), err er
 // resume runs a paused sandbox again, for timeout more. On failure it is
 // paused as it was. Caller holds l.op.
 func (m *Manager) resume(ctx context.Context, l *Live, timeout time.Duration) error {
+	// Foreground until the hand-off is done (see Create).
+	defer m.adm.Busy()()
 	was, img := l.phase, l.rec.PausedImage
 	var cu cleanup.Cleanup
 	defer cu.Clean()

@@ -134,8 +134,10 @@ func (m *Manager) Create(ctx context.Context, req sandbox.CreateRequest) (*sandb
 	if req.Network != nil {
 		rec.Network = req.Network.Clone()
 	}
-	// Foreground until the hand-off is done: the refill that taking a
-	// ready box starts would otherwise restore beside it.
+	// Foreground until the hand-off is done: the admission slot is released
+	// when the box runs, and a pool refill (a shell's `runsc create`, a
+	// ready box's restore) started then took the CPUs from the new
+	// sandbox's /init.
 	defer m.adm.Busy()()
 	b, mode, err := m.startBox(ctx, src, limits)
 	if err != nil {

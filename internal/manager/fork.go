@@ -134,6 +134,8 @@ func (m *Manager) Fork(ctx context.Context, id string, n int, timeout time.Durat
 		return nil, err
 	}
 	defer os.RemoveAll(img)
+	// Foreground until every child is handed off (see Create).
+	defer m.adm.Busy()()
 	t0 := time.Now()
 	results := make([]sandbox.ForkResult, n)
 	var wg sync.WaitGroup

@@ -13,7 +13,8 @@ import (
 // in arrival order; past maxWaiters, or after maxWait, a request is refused
 // with ErrUnavailable (HTTP 503 with Retry-After). Background work (the
 // pool's refill) runs only while no request holds or waits for a slot and
-// no other foreground work runs (busy): restores and checkpoints are
+// no other foreground work runs (busy: a checkpoint, a restored box's
+// hand-off): restores, checkpoints and a new sandbox's first requests are
 // CPU-bound, and so is a refill. Speculative background work (standbys)
 // also waits IdleGrace after the last foreground work ended, so that the
 // client's next request (the first run_code after a rollback) goes first.
