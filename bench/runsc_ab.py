@@ -234,22 +234,16 @@ assert r.status // 100 == 2, r.status
 """
 
 
-def timed_hand_off(side, cid):
-    """POST /init to a restored sandbox's agent, timed inside its router
-    netns (ms). The modules are imported before the clock starts: the
-    import of http.client alone took about 40 ms on the host."""
+def hand_off(side, cid):
+    """POST /init to a restored sandbox's agent, as the daemon's hand-off;
+    its time inside the router netns (ms). The modules are imported before
+    the clock starts: the import of http.client alone took about 40 ms on
+    the host."""
     p = netns_run(side.raw, cid, "import time, http.client, json\nt0 = time.perf_counter()\n" + INIT
                   + "print((time.perf_counter() - t0) * 1000)\n")
     if p.returncode:
         raise RuntimeError(f"{side.name}: /init failed: {p.stderr[-500:]}")
     return float(p.stdout.strip())
-
-
-def hand_off(side, cid):
-    """POST /init to a restored sandbox's agent, as the daemon's hand-off."""
-    p = netns_run(side.raw, cid, INIT)
-    if p.returncode:
-        raise RuntimeError(f"{side.name}: /init failed: {p.stderr[-500:]}")
 
 
 def first_exec(side, cid, code=None):
@@ -389,7 +383,7 @@ def diff_init(side):
             cid = side.raw.setup(side.spec, prepared=True)
         try:
             t, cpu0 = restore_into(side, cid, img)
-            ini = timed_hand_off(side, cid)
+            ini = hand_off(side, cid)
             fe = first_exec(side, cid)
             cpu1 = cpu_ms(cid)
             ph = {"/init right after the restore (ms)": ini, "first run_code after /init (ms)": fe,
