@@ -6,7 +6,12 @@ run_code after the answer, and the new sandbox's CPU (its cgroup's
 cpuacct.usage from its shell's creation to its first run_code answered),
 which the machine's load moves far less than the wall times.
 
-    bench/daemon_ab.py [--n 12] [--wake] A=URL,KEY,DATA_DIR B=URL,KEY,DATA_DIR
+    bench/daemon_ab.py [--n 12] [--wake] [--code CODE] A=URL,KEY,DATA_DIR B=URL,KEY,DATA_DIR
+
+--code sets each new sandbox's first run_code (it must print 42; the
+parent holds x = 41). `import gc; gc.collect(); print(x + 1)` makes it
+write memory all over the restored heap (the collector writes every
+tracked object's header): copy-on-write faults of the image's pages.
 
 --wake measures instead the wake of a sandbox suspended in the chunk
 store: a pool hit, 1 s, a pause with spill, its upload awaited (a single
@@ -63,6 +68,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=12, help="rounds (fork(5) runs in every other one)")
     ap.add_argument("--wake", action="store_true", help="the wake of a sandbox suspended in the chunk store instead")
+    ap.add_argument("--code", default="print(x + 1)", help="each new sandbox's first run_code; must print 42")
     ap.add_argument("sides", nargs=2, help="NAME=URL,KEY,DATA_DIR")
     args = ap.parse_args()
     sides = [fork.side(a, rows={"snap": [], "fork1": [], "fork5": [], "wake": []}) for a in args.sides]
@@ -92,7 +98,7 @@ def main():
             t0 = time.perf_counter()
             c, st, _ = api.create(fid)
             t1 = time.perf_counter()
-            api.run_code(c, "print(x + 1)", "42")
+            api.run_code(c, args.code, "42")
             st["first run_code (client)"], st["until it answers (client)"] = ms(t1), ms(t0)
             st[CPU] = cpu_ms(c)
             s["rows"]["snap"].append(st)
@@ -105,7 +111,7 @@ def main():
                 kids = [r["sandbox"] for r in res]
                 api.owned.update(kd["sandboxID"] for kd in kids)
                 t1 = time.perf_counter()
-                api.run_all(kids, "print(x + 1)", "42")
+                api.run_all(kids, args.code, "42")
                 st["first run_code (client)"], st["until all answer (client)"] = ms(t1), ms(t0)
                 st[CPU + ", mean"] = sum(cpu_ms(kd) for kd in kids) / len(kids)
                 s["rows"][f"fork{k}"].append(st)

@@ -32,6 +32,7 @@ import base64
 import builtins
 import codecs
 import faulthandler
+import gc
 import io
 import json
 import linecache
@@ -602,6 +603,13 @@ def main():
     sys.meta_path.insert(0, _rich.ImportHook())
     threading.Thread(target=_capture_loop, name="cellfork-capture", daemon=True).start()
     _preimport()
+    # Everything alive now (the interpreter's and the pre-imported modules'
+    # objects) lives as long as the kernel: out of the collector's sight,
+    # a collection after a restore does not write each object's header, so
+    # it does not copy the image's pages the sandbox never otherwise writes
+    # (CPython's advice for fork without exec).
+    gc.collect()
+    gc.freeze()
     _emit({"type": "ready", "pid": os.getpid()})
     commands = os.fdopen(CMD_FD, "rb")
     while True:
