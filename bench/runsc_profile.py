@@ -11,9 +11,12 @@ agent's TCP port, its first run_code (unless --no-exec), and the container's
 init killed so that the sentry exits and writes its profile. The profiles
 (one per sandbox, its whole life) are merged into one (`go tool pprof
 -proto`), and the sentry's "Kernel load stats" (time and count per type of
-the kernel-state decode) are summed over the samples.
+the kernel-state decode) are summed over the samples. With --checkpoints K,
+each restored sandbox is also checkpointed K times (leave-running, after
+its first run_code): the encode's timings are printed and the profile's
+top is also focused on the save (state.Save, Kernel.SaveTo).
 
-    scripts/bench.sh --suite profile --build <build dir> [--n 20] [--diff] [--out DIR]
+    scripts/bench.sh --suite profile --build <build dir> [--n 20] [--diff] [--checkpoints K] [--out DIR]
 
 The build's CPU profile rate is Go's default 100 Hz unless the build says
 otherwise (a 40 ms decode is 4 samples at 100 Hz: use n >= 20, or a build
@@ -40,6 +43,8 @@ from fork import log, pool_state, wait_pool, daemon_flags  # noqa: E402
 
 STAT_ROW = re.compile(r"^\s*([0-9.]+(?:µs|ms|s|ns|m)|[0-9.]+m[0-9.]+s)\s*\|\s*(\d+)\s*\|\s*\S+\s*\|\s*(\S.*)$")
 TIMES = [
+    ("kernel-state encode", re.compile(r"Kernel save took \[" + runsc_ab.DUR)),
+    ("whole save", re.compile(r"Overall save took \[" + runsc_ab.DUR)),
     ("kernel-state decode", re.compile(r"Kernel load took \[" + runsc_ab.DUR)),
     ("whole kernel load", re.compile(r"Overall load took \[" + runsc_ab.DUR)),
     ("CPUID load", re.compile(r"CPUID load took \[" + runsc_ab.DUR)),
@@ -100,6 +105,8 @@ def main():
     ap.add_argument("--no-exec", action="store_true", help="no run_code after the restore")
     ap.add_argument("--out", default="/tmp/cellfork-profile", help="where the merged profile and stats go")
     ap.add_argument("--no-profile", action="store_true", help="no CPU profile (only the sentry's timings and decode stats)")
+    ap.add_argument("--checkpoints", type=int, default=0, help="after each restore and its first run_code, this many "
+                    "leave-running checkpoints of it (the profile then also shows the save: Kernel.SaveTo)")
     ap.add_argument("--attach", default="", help="a command run beside each restore, from just before it to after its "
                     "first run_code, then stopped with SIGINT; {pid} is the sandbox process, {out} the output directory, "
                     "{cid} the container (e.g. 'perf record -g -p {pid} -o {out}/perf.{cid}.data')")
@@ -144,6 +151,10 @@ def main():
                 side.raw.check(cid)
                 if not args.no_exec:
                     runsc_ab.first_exec(side, cid)
+                for _ in range(args.checkpoints):
+                    t, img = runsc_ab.raw_checkpoint(side, cid)
+                    times.setdefault("checkpoint (runsc command)", []).append(t)
+                    subprocess.run(["rm", "-rf", img])
                 if att:
                     att.send_signal(signal.SIGINT)
                     att.wait(timeout=60)
@@ -151,9 +162,9 @@ def main():
                 files = runsc_ab.logs_of(side, cid)
                 for name, rx in TIMES:
                     for f in files:
-                        m = rx.search(open(f, errors="replace").read())
-                        if m:
-                            times[name].append(runsc_ab.to_ms(m.group(1)))
+                        ms = [runsc_ab.to_ms(m.group(1)) for m in rx.finditer(open(f, errors="replace").read())]
+                        if ms:
+                            times[name] += ms
                             break
                 for typ, (ms_, n) in decode_stats(files).items():
                     s = stats.setdefault(typ, [0.0, 0])
@@ -172,7 +183,7 @@ def main():
     print(f"runsc profile — {time.strftime('%Y-%m-%d %H:%M')} — {os.cpu_count()} CPUs, load average {load0:.1f} at start / "
           f"{os.getloadavg()[0]:.1f} at end, {time.time() - t_start:.0f} s; {side.build}; "
           f"{'diff image' if args.diff else 'warm image'}, {len(samples)} profiles\n")
-    for name, _ in TIMES:
+    for name in times:
         xs = times[name]
         if xs:
             print(f"- {name}: p50 {statistics.median(xs):.1f} ms, min {min(xs):.1f}, max {max(xs):.1f} (n = {len(xs)})")
@@ -190,7 +201,7 @@ def main():
         with open(merged, "wb") as out:
             subprocess.run(["go", "tool", "pprof", "-proto", side.bin, *samples], stdout=out,
                            stderr=subprocess.DEVNULL, check=True)
-        for focus in ("state.Load$", "Kernel..LoadFrom$"):
+        for focus in ("state.Load$", "Kernel..LoadFrom$") + (("state.Save$", "Kernel..SaveTo$") if args.checkpoints else ()):
             top = subprocess.run(["go", "tool", "pprof", "-top", "-nodecount=30", f"-focus={focus}", side.bin, merged],
                                  capture_output=True, text=True).stdout
             print(f"\nCPU profile focused on {focus} ({len(samples)} restores merged):\n\n```\n{top.strip()}\n```")

@@ -15,7 +15,8 @@
 #   runsc: bench/runsc_ab.py (two runsc builds side by side: --a DIR --b DIR,
 #         build directories from scripts/build-runsc.sh; not part of all)
 #   profile: bench/runsc_profile.py (one build's sentry CPU profile over n
-#         restores, and its per-type decode stats: --build DIR; not part of all)
+#         restores, and its per-type decode stats: --build DIR; --checkpoints K
+#         adds K leave-running checkpoints of each, profiled; not part of all)
 #   templates: bench/templates.py (a custom template built cold and with a
 #         warm cache; create and first request beside base)
 # Options other than --quick belong to one suite; pass them with --suite.
