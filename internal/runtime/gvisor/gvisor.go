@@ -38,7 +38,8 @@ type Runtime struct {
 	cfg   Config
 	build string // runsc's version: its build id
 	watch watcher
-	bases heldBases // of images on tmpfs (bases.go)
+	bases heldBases     // of images on tmpfs (bases.go)
+	ahead restoresAhead // restores started before their image is known (ahead.go)
 }
 
 var _ sandbox.Runtime = (*Runtime)(nil)
@@ -60,7 +61,9 @@ func New(cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("creating runsc root: %w", err)
 		}
 	}
-	return &Runtime{cfg: cfg, build: build}, nil
+	r := &Runtime{cfg: cfg, build: build}
+	r.ahead.supported = aheadSupported(cfg.Runsc)
+	return r, nil
 }
 
 // Build is the build id of the runsc this runtime drives (what `runsc
@@ -169,8 +172,19 @@ func (r *Runtime) detached(ctx context.Context, phase string, s sandbox.Spec, ou
 	// runsc killed between starting the sandbox and writing its state
 	// leaves a sandbox no runsc command can name, running for good. The
 	// caller destroys what it no longer wants once this returns.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), detachedTimeout)
 	defer cancel()
+	cmd := exec.CommandContext(rctx, r.cfg.Runsc, r.detachedFlags(s, args...)...)
+	cmd.SysProcAttr = diesWithDaemon()
+	cmd.Stdout, cmd.Stderr = out, out
+	return r.detachedDone(ctx, s, args[0], cmd.Run())
+}
+
+// detachedTimeout bounds a runsc command that leaves a sandbox behind.
+const detachedTimeout = 60 * time.Second
+
+// detachedFlags are a detached command's whole argument list.
+func (r *Runtime) detachedFlags(s sandbox.Spec, args ...string) []string {
 	full := r.globalFlags(filepath.Join(s.BundleDir, "runsc.log"), s.Limits.DiskMB, s.WritableRoot)
 	if s.RootfsUpper != "" {
 		// Only the boot that seeds its root filesystem from a tar asks
@@ -178,15 +192,16 @@ func (r *Runtime) detached(ctx context.Context, phase string, s sandbox.Spec, ou
 		// were taken with.
 		full = append(full, "--allow-rootfs-tar-annotation")
 	}
-	full = append(full, args...)
-	cmd := exec.CommandContext(rctx, r.cfg.Runsc, full...)
-	cmd.SysProcAttr = diesWithDaemon()
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Run(); err != nil {
-		_ = r.Destroy(context.WithoutCancel(ctx), s.RuntimeID)
-		return fmt.Errorf("runsc %s: %w%s", args[0], err, tail(filepath.Join(s.BundleDir, "runsc.log")))
+	return append(full, args...)
+}
+
+// detachedDone destroys what a failed detached command left.
+func (r *Runtime) detachedDone(ctx context.Context, s sandbox.Spec, command string, err error) error {
+	if err == nil {
+		return nil
 	}
-	return nil
+	_ = r.Destroy(context.WithoutCancel(ctx), s.RuntimeID)
+	return fmt.Errorf("runsc %s: %w%s", command, err, tail(filepath.Join(s.BundleDir, "runsc.log")))
 }
 
 // Start boots a sandbox and returns once its init process runs.
@@ -208,7 +223,11 @@ func (r *Runtime) Prepare(ctx context.Context, s sandbox.Spec) error {
 		return err
 	}
 	defer out.Close()
-	return r.detached(ctx, "runsc-create", s, out, "create", "--bundle="+s.BundleDir, pidFile(s.BundleDir), s.RuntimeID)
+	if err := r.detached(ctx, "runsc-create", s, out, "create", "--bundle="+s.BundleDir, pidFile(s.BundleDir), s.RuntimeID); err != nil {
+		return err
+	}
+	r.startAhead(s, out)
+	return nil
 }
 
 // Restore starts a sandbox from a checkpoint image. If s.RuntimeID was
@@ -227,12 +246,21 @@ func (r *Runtime) Restore(ctx context.Context, s sandbox.Spec, image string, pre
 		defer out.Close()
 		return r.detached(ctx, "restore", s, out, "restore", "--detach", "--image-path="+image, "--bundle="+s.BundleDir, pidFile(s.BundleDir), s.RuntimeID)
 	}
+	if done, err := r.restoreAhead(ctx, s, image); done {
+		return err
+	}
 	out, err := os.OpenFile(filepath.Join(s.BundleDir, "console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	defer out.Close()
-	return r.detached(ctx, "restore", s, out, "restore", "--detach", "--image-path="+image, "--bundle="+s.BundleDir, s.RuntimeID)
+	return r.detached(ctx, "restore", s, out, preparedRestore(s, image)...)
+}
+
+// preparedRestore is the runsc command that restores image into s's
+// prepared sandbox.
+func preparedRestore(s sandbox.Spec, image string) []string {
+	return []string{"restore", "--detach", "--image-path=" + image, "--bundle=" + s.BundleDir, s.RuntimeID}
 }
 
 // Checkpoint saves the sandbox's whole state (memory, processes, the
@@ -293,6 +321,7 @@ func tail(path string) string {
 // returned): a sandbox never outlives a Destroy.
 func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	defer r.bases.sweep()
+	r.ahead.stop(id)
 	_, err := r.runsc(ctx, 30*time.Second, "delete", "--force", id)
 	if notExist(err) {
 		err = nil

@@ -219,6 +219,93 @@ func TestCheckpointRestorePause(t *testing.T) {
 	}
 }
 
+// TestRestoreAhead: a prepared sandbox has a `runsc restore --image-path=-`
+// waiting beside it (gVisor patch 0023), which restores the image it is
+// given; one that ended without a path (end of input) changed nothing, and
+// the restore runs a command of its own; Destroy ends a waiting one.
+func TestRestoreAhead(t *testing.T) {
+	r := newTestRuntime(t)
+	if !r.ahead.supported {
+		t.Fatalf("%s does not take --image-path=- (patch 0023)", testRunsc)
+	}
+	ctx := context.Background()
+	parent := randomID()
+	if err := r.Start(ctx, spec(t, parent, newNet(t), "/bin/sh", "-c", "echo state > /tmp/file; exec sleep 1000")); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Destroy(ctx, parent)
+	time.Sleep(200 * time.Millisecond) // let the shell write its file
+	img := t.TempDir()
+	if err := r.Checkpoint(ctx, parent, img, true); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func(id string) *aheadRestore {
+		r.ahead.mu.Lock()
+		defer r.ahead.mu.Unlock()
+		return r.ahead.m[id]
+	}
+	prepare := func() sandbox.Spec {
+		t.Helper()
+		s := spec(t, randomID(), newNet(t), "/bin/sh", "-c", "exec sleep 1000")
+		if err := r.Prepare(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = r.Destroy(ctx, s.RuntimeID) })
+		if waiting(s.RuntimeID) == nil {
+			t.Fatal("no restore waiting beside a prepared sandbox")
+		}
+		return s
+	}
+	restored := func(s sandbox.Spec) {
+		t.Helper()
+		if got := r.execOut(t, s.RuntimeID, "cat", "/tmp/file"); got != "state\n" {
+			t.Errorf("restored file = %q", got)
+		}
+		if st, _ := r.State(ctx, s.RuntimeID); st != "running" {
+			t.Errorf("state %q after the restore", st)
+		}
+	}
+
+	// The waiting command restores.
+	a := prepare()
+	if done, err := r.restoreAhead(ctx, a, img); !done || err != nil {
+		t.Fatalf("restoreAhead = %v, %v; want done", done, err)
+	}
+	restored(a)
+
+	// End of input without a path: the command fails, the sandbox stays
+	// created, and Restore runs a command of its own.
+	b := prepare()
+	w := waiting(b.RuntimeID)
+	_ = w.stdin.Close()
+	<-w.done
+	if w.err == nil {
+		t.Error("a restore given no image path succeeded")
+	}
+	if st, _ := r.State(ctx, b.RuntimeID); st != "created" {
+		t.Fatalf("state %q after a waiting restore ended without a path", st)
+	}
+	if err := r.Restore(ctx, b, img, true); err != nil {
+		t.Fatal(err)
+	}
+	restored(b)
+
+	// Destroy ends a waiting command.
+	c := prepare()
+	w = waiting(c.RuntimeID)
+	if err := r.Destroy(ctx, c.RuntimeID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.done:
+	default:
+		t.Error("the waiting restore outlived Destroy")
+	}
+	if waiting(c.RuntimeID) != nil {
+		t.Error("Destroy left the waiting restore in the table")
+	}
+}
+
 // TestDestroyStray: a sandbox whose runsc state is gone (runsc killed, with
 // the daemon, before it wrote it) is still listed and destroyed.
 func TestDestroyStray(t *testing.T) {
