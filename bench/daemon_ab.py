@@ -6,7 +6,10 @@ run_code after the answer, and the new sandbox's CPU (its cgroup's
 cpuacct.usage from its shell's creation to its first run_code answered),
 which the machine's load moves far less than the wall times.
 
-    bench/daemon_ab.py [--n 12] [--wake] [--code CODE] A=URL,KEY,DATA_DIR B=URL,KEY,DATA_DIR
+    bench/daemon_ab.py [--n 12] [--wake] [--code CODE] A=URL,KEY,DATA_DIR[,READY] B=...
+
+READY is the side's --pool-ready (2 by default): each sample waits until
+both pools hold their ready sandboxes and all their shells.
 
 --code sets each new sandbox's first run_code (it must print 42; the
 parent holds x = 41). `import gc; gc.collect(); print(x + 1)` makes it
@@ -69,17 +72,21 @@ def main():
     ap.add_argument("--n", type=int, default=12, help="rounds (fork(5) runs in every other one)")
     ap.add_argument("--wake", action="store_true", help="the wake of a sandbox suspended in the chunk store instead")
     ap.add_argument("--code", default="print(x + 1)", help="each new sandbox's first run_code; must print 42")
-    ap.add_argument("sides", nargs=2, help="NAME=URL,KEY,DATA_DIR")
+    ap.add_argument("sides", nargs=2, help="NAME=URL,KEY,DATA_DIR[,READY]")
     args = ap.parse_args()
     sides = [fork.side(a, rows={"snap": [], "fork1": [], "fork5": [], "wake": []}) for a in args.sides]
+    for s in sides:
+        s["ready"] = 2 if s["ready"] is None else s["ready"]
 
-    def quiet(side, **kw):
+    def quiet(side, ready=None):
+        """Waits until the other side's pool is full and this side's holds
+        its shells and its ready (or the given number of ready) sandboxes."""
         for o in sides:
             if o is not side:
                 fork.use(o)
-                fork.wait_pool()
+                fork.wait_pool(ready=o["ready"])
         fork.use(side)
-        fork.wait_pool(**kw)
+        fork.wait_pool(ready=side["ready"] if ready is None else ready)
 
     for s in sides:
         quiet(s)
@@ -94,7 +101,7 @@ def main():
                 s["rows"]["wake"].append(wake(s, quiet))
                 continue
             fid = api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})[0]["snapshotID"]
-            quiet(s, ready=0, shells=2)
+            quiet(s, ready=0)
             t0 = time.perf_counter()
             c, st, _ = api.create(fid)
             t1 = time.perf_counter()

@@ -42,7 +42,7 @@ Methods
 * Snapshot vs dirty memory: one sandbox (memoryMB 2048) dirties N MB in its
   REPL (bytearray of 0xa5 bytes, replacing the previous one), then alternates
   daemon snapshots (deleted again) and raw checkpoints of its container.
-* Between samples the bench waits for the pool (2 ready, 2 shells by default)
+* Between samples the bench waits for the pool (2 ready, and every shell the daemon keeps)
   to refill, so each sample sees the daemon's steady state.
 
 Run time on the 2-vCPU box: about 2.5 min (whole suite, core included),
@@ -233,8 +233,17 @@ def health_pool():
     return sum(p.get("ready", {}).values()), p.get("shells", 0), p.get("standbys", {})
 
 
-def wait_pool(ready=2, shells=2, standby=None):
-    """Waits until the pool holds that many ready sandboxes and shells (and the snapshot's standby)."""
+def shell_target():
+    """The daemon's --pool-shells (GET /host)."""
+    return httpx.get(URL + "/host", headers={"X-API-Key": KEY}, timeout=10).json()["pool"]["shellTarget"]
+
+
+def wait_pool(ready=2, shells=None, standby=None):
+    """Waits until the pool holds that many ready sandboxes and shells (by
+    default all the shells the daemon keeps, so that no refill of one runs
+    beside the sample), and the snapshot's standby."""
+    if shells is None:
+        shells = shell_target()
     t0, timeout = time.time(), 3 if STUCK else 20
     while time.time() - t0 < timeout:
         r, s, sb = health_pool()
@@ -636,7 +645,7 @@ def op_restore(api, raw, C, parent):
 
     def create_one(snapshot_id, mode, standby=None):
         """One create from the snapshot, timed until it answers run_code: (server timing, client wall)."""
-        wait_pool(ready=0, shells=2, standby=standby)
+        wait_pool(ready=0, standby=standby)
         t0 = time.perf_counter()
         s, st, _ = api.create(snapshot_id)
         api.run_code(s, "print(x + 1)", "42")
@@ -728,7 +737,7 @@ def op_store(api, raw, C, parent):
         snap_tot.append(st["total"])
         ups.append(uploaded(doc["snapshotID"]))
         shutil.rmtree(os.path.join(DATA, "snapshots", doc["snapshotID"]))
-        wait_pool(ready=0, shells=2)
+        wait_pool(ready=0)
         t0 = time.perf_counter()
         s, st, _ = api.create(doc["snapshotID"])
         api.run_code(s, "print(x + 1)", "42")
@@ -798,7 +807,7 @@ def suspended(api, n):
         t.add("their disk copies (paused/<id>, MB)", [sum(tree_bytes(os.path.join(DATA, "paused", sb["sandboxID"])) for sb in sbs) / 2**20], unit="MB")
         wake, sts = [], []
         for i, sb in enumerate(sbs):
-            wait_pool(ready=0, shells=2)
+            wait_pool(ready=0)
             t0 = time.perf_counter()
             _, st, _ = api.call("POST", f"/v2/sandboxes/{sb['sandboxID']}/connect", {})
             api.run_code(sb, "print(y)", str(i))
@@ -874,7 +883,7 @@ def op_rollback(api, raw, C, parent):
 
         def sample(snapshot_id, standby):
             api.run_code(sb, "x = 2")
-            wait_pool(ready=0, shells=2, standby=snapshot_id if standby else None)
+            wait_pool(ready=0, standby=snapshot_id if standby else None)
             t0 = time.perf_counter()
             _, st, _ = api.call("POST", f"/sandboxes/{sb['sandboxID']}/rollback", {"snapshotID": snapshot_id})
             api.run_code(sb, "print(x)", "1")
@@ -944,7 +953,7 @@ def op_pause(api, raw, C):
         api.run_code(sb, "print(x)", "7")
         sp, sp_st, rd, rd_st, rd_rc = [], [], [], [], []
         for _ in range(C["spill"]):
-            wait_pool(ready=0, shells=2)
+            wait_pool(ready=0)
             _, st, _ = api.call("POST", path + "/pause", {"spill": True})
             sp.append(st["total"])
             sp_st.append(st)
@@ -953,7 +962,7 @@ def op_pause(api, raw, C):
         # single host): the resume imports it.
         rs, rs_st, rs_rc = [], [], []
         for _ in range(C["spill"]):
-            wait_pool(ready=0, shells=2)
+            wait_pool(ready=0)
             api.call("POST", path + "/pause", {"spill": True})
             if not gone([os.path.join(DATA, "paused", sb["sandboxID"])], 20):
                 log("the spilled image stays on the disk (a build before the drop): no resume from the store")
