@@ -64,7 +64,7 @@ func serve(ctx context.Context, args []string) int {
 	fs.DurationVar(&cfg.DefaultTimeout, "default-timeout", 5*time.Minute, "sandbox lifetime unless the create asks otherwise")
 	fs.DurationVar(&cfg.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox lifetime a caller may set")
 	fs.IntVar(&cfg.PoolReady, "pool-ready", 10, "sandboxes per template kept restored and ready to hand out (0 = none)")
-	fs.IntVar(&cfg.PoolShells, "pool-shells", 5, "prepared sandboxes kept to restore snapshots, forks and rollbacks into (a fork of n children restores up to n into them)")
+	fs.IntVar(&cfg.PoolShells, "pool-shells", 2, "prepared sandboxes kept to restore snapshots, forks and rollbacks into (a fork of n children restores up to n into them)")
 	fs.IntVar(&cfg.StandbySnapshots, "standby-snapshots", 2, "snapshots used last (created from, rolled back to) that keep a frozen sandbox restored from them, for the next use (0 = none)")
 	fs.IntVar(&cfg.StartConcurrency, "start-concurrency", 2*runtime.NumCPU(), "sandbox starts (boots, restores) run at once; more wait in line")
 	fs.IntVar(&cfg.StartQueue, "start-queue", 256, "starts that may wait in line before requests get 503")
