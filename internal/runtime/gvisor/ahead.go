@@ -35,7 +35,7 @@ type restoresAhead struct {
 }
 
 type aheadRestore struct {
-	args  []string // the whole command line but the image
+	args  []string // its whole command line, "-" where the image goes
 	stdin io.WriteCloser
 	proc  *os.Process
 	done  chan struct{} // closed when the command has exited; err is then set
