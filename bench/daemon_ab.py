@@ -6,7 +6,7 @@ run_code after the answer, and the new sandbox's CPU (its cgroup's
 cpuacct.usage from its shell's creation to its first run_code answered),
 which the machine's load moves far less than the wall times.
 
-    bench/daemon_ab.py [--n 12] [--wake] [--code CODE] A=URL,KEY,DATA_DIR[,READY] B=...
+    bench/daemon_ab.py [--n 12] [--busy | --wake] [--code CODE] A=URL,KEY,DATA_DIR[,READY] B=...
 
 READY is the side's --pool-ready (2 by default): each sample waits until
 both pools hold their ready sandboxes and all their shells.
@@ -15,6 +15,13 @@ both pools hold their ready sandboxes and all their shells.
 parent holds x = 41). `import gc; gc.collect(); print(x + 1)` makes it
 write memory all over the restored heap (the collector writes every
 tracked object's header): copy-on-write faults of the image's pages.
+
+--busy measures instead what the pool's refills take from running
+sandboxes: a CPU-bound run_code (BUSY_CODE) in two sandboxes at once (one
+per CPU of this machine) while the pool is full, then again right after as
+many pool hits as the pool holds ready sandboxes (their refills, and the
+shells' those restores took, start then), and how long the pool takes to
+be full again.
 
 --wake measures instead the wake of a sandbox suspended in the chunk
 store: a pool hit, 1 s, a pause with spill, its upload awaited (a single
@@ -67,14 +74,39 @@ def wake(s, quiet):
     return st
 
 
+BUSY_CODE = "print(sum(i * i for i in range(1_500_000)) > 0)"
+
+
+def busy(s, quiet):
+    """Two running sandboxes' CPU-bound run_code with the pool full, then
+    right after the pool's ready sandboxes were taken; and the refill's
+    time."""
+    api, sbs, st = s["api"], s["busy"], {}
+    quiet(s)
+    t0 = time.perf_counter()
+    api.run_all(sbs, BUSY_CODE, "True")
+    st["CPU-bound run_code in 2 sandboxes, the pool full (client)"] = ms(t0)
+    quiet(s)
+    hits = [api.create()[0] for _ in range(s["ready"])]
+    t0 = time.perf_counter()
+    api.run_all(sbs, BUSY_CODE, "True")
+    st[f"the same right after {len(hits)} pool hits (client)"] = ms(t0)
+    quiet(s)
+    st["pool full again, from the hits' end (client)"] = ms(t0)
+    for h in hits:
+        api.kill(h)
+    return st
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=12, help="rounds (fork(5) runs in every other one)")
+    ap.add_argument("--busy", action="store_true", help="what the pool's refills take from a running sandbox instead")
     ap.add_argument("--wake", action="store_true", help="the wake of a sandbox suspended in the chunk store instead")
     ap.add_argument("--code", default="print(x + 1)", help="each new sandbox's first run_code; must print 42")
     ap.add_argument("sides", nargs=2, help="NAME=URL,KEY,DATA_DIR[,READY]")
     args = ap.parse_args()
-    sides = [fork.side(a, rows={"snap": [], "fork1": [], "fork5": [], "wake": []}) for a in args.sides]
+    sides = [fork.side(a, rows={"snap": [], "fork1": [], "fork5": [], "wake": [], "busy": []}) for a in args.sides]
     for s in sides:
         s["ready"] = 2 if s["ready"] is None else s["ready"]
 
@@ -92,13 +124,16 @@ def main():
         quiet(s)
         s["sb"] = s["api"].create()[0]
         s["api"].run_code(s["sb"], "x = 41")
+        if args.busy:
+            quiet(s)
+            s["busy"] = [s["sb"], s["api"].create()[0]]
     load0, t_start = os.getloadavg()[0], time.time()
     for i in range(args.n):
         for s in (sides if i % 2 == 0 else sides[::-1]):
             api, sb = s["api"], s["sb"]
             fork.use(s)
-            if args.wake:
-                s["rows"]["wake"].append(wake(s, quiet))
+            if args.wake or args.busy:
+                s["rows"]["wake" if args.wake else "busy"].append((wake if args.wake else busy)(s, quiet))
                 continue
             fid = api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})[0]["snapshotID"]
             quiet(s, ready=0)
@@ -126,10 +161,11 @@ def main():
         fork.log(f"round {i + 1}/{args.n} done, load {os.getloadavg()[0]:.1f}")
     for s in sides:
         fork.use(s)
-        s["api"].kill(s["sb"])
+        for sb in s.get("busy", [s["sb"]]):
+            s["api"].kill(sb)
     print(f"daemon A/B — {time.strftime('%Y-%m-%d %H:%M')} — load average {load0:.1f} at start / "
           f"{os.getloadavg()[0]:.1f} at end, {time.time() - t_start:.0f} s; p50 in ms, sides alternating\n")
-    ops = (("wake", "wake from the chunk store"),) if args.wake else (
+    ops = (("wake", "wake from the chunk store"),) if args.wake else (("busy", "a running sandbox while the pool refills"),) if args.busy else (
         ("snap", "create from a fresh snapshot"), ("fork1", "fork(1)"), ("fork5", "fork(5)"))
     for op, title in ops:
         keys = []

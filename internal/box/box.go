@@ -52,6 +52,9 @@ type Box struct {
 	// trusts: the agent was given the egress CA (it stays in the box's
 	// files, so a checkpoint of the box keeps it too).
 	trusts bool
+	// background: the box runs as idle CPU work until it is handed off
+	// (sandbox.Spec.Background): a shell, or a box the pool made.
+	background bool
 }
 
 // Limits returns the limits the box runs with.
@@ -152,6 +155,7 @@ func (f *Factory) spec(b *Box, extraEnv ...string) sandbox.Spec {
 		NetnsPath:   b.Net.SandboxPath(),
 		Limits:      b.limits,
 		InitRlimits: f.cfg.InitRlimits,
+		Background:  b.background,
 	}
 }
 
@@ -217,11 +221,13 @@ func (f *Factory) Boot(ctx context.Context, rootfs string, limits sandbox.Limits
 }
 
 // Prepare creates a box that runs nothing yet, to restore into (a shell).
+// It is made ahead of need: it runs in the background (see Restore).
 func (f *Factory) Prepare(ctx context.Context, rootfs string, limits sandbox.Limits) (*Box, error) {
 	b, err := f.create(ctx, rootfs, limits)
 	if err != nil {
 		return nil, err
 	}
+	b.background = true
 	cu := cleanup.Make(func() { f.Destroy(context.WithoutCancel(ctx), b) })
 	defer cu.Clean()
 	if err := f.rt.Prepare(ctx, f.spec(b)); err != nil {
@@ -240,7 +246,11 @@ func (f *Factory) Prepare(ctx context.Context, rootfs string, limits sandbox.Lim
 // does not apply them again; zero for an image whose processes have the
 // boot's (a template's warm image). The image is not deleted while it is
 // read (RemoveImage waits). On failure shell is destroyed too.
-func (f *Factory) Restore(ctx context.Context, image, rootfs string, limits, frozen sandbox.Limits, shell *Box) (*Box, error) {
+//
+// A background restore (a box made ahead of need) runs as idle CPU work
+// until the box is handed off, so that it yields the CPUs to running
+// sandboxes; any other brings a background shell to the foreground first.
+func (f *Factory) Restore(ctx context.Context, image, rootfs string, limits, frozen sandbox.Limits, shell *Box, background bool) (*Box, error) {
 	f.images.acquire(image)
 	defer f.images.release(image)
 	b := shell
@@ -254,11 +264,17 @@ func (f *Factory) Restore(ctx context.Context, image, rootfs string, limits, fro
 		if err := f.fitPids(ctx, b, limits); err != nil {
 			return nil, err
 		}
+		if !background {
+			if err := f.foreground(ctx, b); err != nil {
+				return nil, err
+			}
+		}
 	} else {
 		var err error
 		if b, err = f.create(ctx, rootfs, limits); err != nil {
 			return nil, err
 		}
+		b.background = background
 	}
 	err := failpoint.Inject(failpoint.Restore)
 	if err == nil {
@@ -342,9 +358,13 @@ func (f *Factory) ExportFiles(ctx context.Context, b *Box, path string) error {
 // Pause freezes b in memory.
 func (f *Factory) Pause(ctx context.Context, b *Box) error { return f.rt.Pause(ctx, b.RID) }
 
-// Resume thaws a frozen b.
+// Resume thaws a frozen b; a background one (a standby) first comes to
+// the foreground.
 func (f *Factory) Resume(ctx context.Context, b *Box) error {
 	if err := failpoint.Inject(failpoint.Resume); err != nil {
+		return err
+	}
+	if err := f.foreground(ctx, b); err != nil {
 		return err
 	}
 	return f.rt.Resume(ctx, b.RID)

@@ -30,6 +30,15 @@ type HandOff struct {
 // recorded on b, so a second hand-off of the same settings costs only the
 // /init. The caller destroys b if it fails.
 func (f *Factory) HandOff(ctx context.Context, b *Box, h HandOff) error {
+	if err := f.foreground(ctx, b); err != nil {
+		return err
+	}
+	return f.handOff(ctx, b, h)
+}
+
+// handOff is HandOff but for the box's CPU share: Ready's, for a box that
+// stays in the background until a sandbox takes it.
+func (f *Factory) handOff(ctx context.Context, b *Box, h HandOff) error {
 	t0 := time.Now()
 	if err := f.SetPolicy(b, h.Policy); err != nil {
 		return err
@@ -101,9 +110,10 @@ func (f *Factory) needsTrust(b *Box, n sandbox.Network) bool {
 
 // Ready does to a box waiting in the pool what its hand-off would
 // otherwise wait for: the default network policy and limits (most creates
-// ask for those), and a kept-alive connection to the agent.
+// ask for those), and a kept-alive connection to the agent. A background
+// box stays in the background until its HandOff.
 func (f *Factory) Ready(ctx context.Context, b *Box, limits sandbox.Limits) error {
-	if err := f.HandOff(ctx, b, HandOff{Policy: sandbox.DefaultNetwork, Limits: limits}); err != nil {
+	if err := f.handOff(ctx, b, HandOff{Policy: sandbox.DefaultNetwork, Limits: limits}); err != nil {
 		return err
 	}
 	return f.agent.Health(ctx, b)
@@ -123,6 +133,18 @@ func (f *Factory) SetPolicy(b *Box, n sandbox.Network) error {
 	}
 	c := n.Clone()
 	b.policy = &c
+	return nil
+}
+
+// foreground gives a background box the normal CPU share.
+func (f *Factory) foreground(ctx context.Context, b *Box) error {
+	if !b.background {
+		return nil
+	}
+	if err := f.rt.Foreground(ctx, b.RID); err != nil {
+		return err
+	}
+	b.background = false
 	return nil
 }
 

@@ -148,7 +148,14 @@ func (p *Pool) TakeReady(name string) *box.Box {
 // CPUs and memory), else into a new box; frozen are the limits of the
 // sandbox the image is of (box.Factory.Restore).
 func (p *Pool) Restore(ctx context.Context, image, rootfs string, limits, frozen sandbox.Limits) (*box.Box, error) {
-	return p.f.Restore(ctx, image, rootfs, limits, frozen, p.takeShell(rootfs, limits))
+	return p.restore(ctx, image, rootfs, limits, frozen, false)
+}
+
+// restore is Restore, in the background for the pool's own boxes (ready
+// boxes, standbys): they run as idle CPU work until handed off, so that
+// refills take only what running sandboxes leave of the CPUs.
+func (p *Pool) restore(ctx context.Context, image, rootfs string, limits, frozen sandbox.Limits, background bool) (*box.Box, error) {
+	return p.f.Restore(ctx, image, rootfs, limits, frozen, p.takeShell(rootfs, limits), background)
 }
 
 func (p *Pool) takeShell(rootfs string, limits sandbox.Limits) *box.Box {
@@ -311,7 +318,7 @@ func (p *Pool) Stats() Stats {
 // readyBox restores a template's warm image into a box that is ready to
 // hand off; nothing is left of it on failure.
 func (p *Pool) readyBox(ctx context.Context, w Warm) (*box.Box, error) {
-	b, err := p.Restore(ctx, w.Image, w.Rootfs, w.Limits, sandbox.Limits{})
+	b, err := p.restore(ctx, w.Image, w.Rootfs, w.Limits, sandbox.Limits{}, true)
 	if err != nil {
 		return nil, err
 	}

@@ -91,7 +91,7 @@ func (p *Pool) ResumeStandby(ctx context.Context, id string, limits sandbox.Limi
 // frozenBox restores a standby's snapshot and freezes it once its agent
 // answers; nothing is left of it on failure.
 func (p *Pool) frozenBox(ctx context.Context, s *standby, limits sandbox.Limits) (*box.Box, error) {
-	b, err := p.Restore(ctx, s.image, s.rootfs, limits, sandbox.Limits{})
+	b, err := p.restore(ctx, s.image, s.rootfs, limits, sandbox.Limits{}, true)
 	if err != nil {
 		return nil, err
 	}

@@ -182,6 +182,12 @@ type Spec struct {
 	// in-memory overlay (a template build step, whose Rootfs is the step's
 	// own overlay mount). Such a sandbox is never checkpointed.
 	WritableRoot bool
+	// Background runs the sandbox, and the runtime's commands for it, as
+	// idle CPU work (the lowest weight where the host has no idle
+	// scheduling) while it is made ahead of need (a pool's shells and
+	// ready sandboxes): it takes only CPU time running sandboxes leave.
+	// Foreground ends that.
+	Background bool
 }
 
 // Stats is one resource-usage sample.
@@ -231,6 +237,9 @@ type Runtime interface {
 	// running sandbox to fit pidsMax processes inside (the one limit of
 	// Spec.Limits that can change without the sandbox noticing).
 	SetPidsMax(ctx context.Context, runtimeID string, pidsMax int) error
+	// Foreground gives a sandbox started with Spec.Background the normal
+	// CPU share; on any other it changes nothing.
+	Foreground(ctx context.Context, runtimeID string) error
 	// Watch calls onExit once when the sandbox (started with bundleDir)
 	// exits, whatever the cause (its own Destroy included).
 	Watch(ctx context.Context, bundleDir string, onExit func()) error

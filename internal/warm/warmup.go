@@ -57,7 +57,7 @@ func (m *Maker) recordWorkingSet(ctx context.Context, name, rootfs, image string
 }
 
 func (m *Maker) warmup(ctx context.Context, rootfs, image string, limits sandbox.Limits) error {
-	b, err := m.d.Boxes.Restore(ctx, image, rootfs, limits, sandbox.Limits{}, nil)
+	b, err := m.d.Boxes.Restore(ctx, image, rootfs, limits, sandbox.Limits{}, nil, false)
 	if err != nil {
 		return err
 	}

@@ -43,7 +43,10 @@ type container struct {
 	state   string // created, running, paused, stopped
 	memory  string
 	pidsMax int
-	onExit  []func()
+	// background: started with Spec.Background and not yet Foreground;
+	// restoredInBackground: it was when its image was restored.
+	background, restoredInBackground bool
+	onExit                           []func()
 }
 
 // New returns an empty machine.
@@ -157,7 +160,7 @@ func (h *Host) add(s sandbox.Spec, state, memory string) error {
 	if err := os.MkdirAll(s.BundleDir, 0o700); err != nil {
 		return err
 	}
-	h.boxes[s.RuntimeID] = &container{spec: s, state: state, memory: memory, pidsMax: s.Limits.PidsMax}
+	h.boxes[s.RuntimeID] = &container{spec: s, state: state, memory: memory, pidsMax: s.Limits.PidsMax, background: s.Background}
 	return nil
 }
 
@@ -240,10 +243,14 @@ func (h *Host) Restore(_ context.Context, s sandbox.Spec, dir string, prepared b
 		if c == nil || c.state != "created" {
 			return fmt.Errorf("fake restore: %s is not prepared", s.RuntimeID)
 		}
-		c.state, c.memory = "running", img.Memory
+		c.state, c.memory, c.restoredInBackground = "running", img.Memory, c.background
 		return nil
 	}
-	return h.add(s, "running", img.Memory)
+	if err := h.add(s, "running", img.Memory); err != nil {
+		return err
+	}
+	h.boxes[s.RuntimeID].restoredInBackground = s.Background
+	return nil
 }
 
 // Checkpoint saves a box's memory into dir.
@@ -355,6 +362,33 @@ func (h *Host) SetPidsMax(_ context.Context, rid string, pidsMax int) error {
 	}
 	c.pidsMax = pidsMax
 	return nil
+}
+
+// Foreground gives the box the normal CPU weight.
+func (h *Host) Foreground(_ context.Context, rid string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.failing("Foreground"); err != nil {
+		return err
+	}
+	c := h.boxes[rid]
+	if c == nil {
+		return fmt.Errorf("fake: no runtime %s", rid)
+	}
+	c.background = false
+	return nil
+}
+
+// Background reports whether box rid runs at the background CPU weight,
+// and whether it did when its image was restored.
+func (h *Host) Background(rid string) (now, restored bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.boxes[rid]
+	if c == nil {
+		return false, false
+	}
+	return c.background, c.restoredInBackground
 }
 
 // Watch calls onExit once when the box with bundleDir ends.

@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"bufio"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -76,6 +77,48 @@ func writeCgroupPids(path string, n int64) error {
 		file = filepath.Join(cgroupRoot, path, "pids.max")
 	}
 	return os.WriteFile(file, []byte(strconv.FormatInt(n, 10)), 0)
+}
+
+// writeCgroupNormalWeight gives the sandbox's cgroup the default CPU
+// weight (v1 cpu.shares, v2 cpu.weight) and takes it out of idle.
+func writeCgroupNormalWeight(path string) error {
+	dir, file, v := cpuDir(path), "cpu.shares", "1024"
+	if v2() {
+		file, v = "cpu.weight", "100"
+	}
+	if err := writeCgroupIdle(dir, false); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, file), []byte(v), 0)
+}
+
+// writeCgroupIdle makes the tasks of a CPU cgroup directory idle (Linux
+// 5.15's cpu.idle): any other task that wakes takes the CPU from them at
+// once, where the lowest weight alone still let one run out its slice.
+// A kernel without cpu.idle is no error.
+func writeCgroupIdle(dir string, idle bool) error {
+	v := "0"
+	if idle {
+		v = "1"
+	}
+	err := os.WriteFile(filepath.Join(dir, "cpu.idle"), []byte(v), 0)
+	if errors.Is(err, os.ErrNotExist) && dirExists(dir) {
+		return nil
+	}
+	return err
+}
+
+func dirExists(dir string) bool {
+	st, err := os.Stat(dir)
+	return err == nil && st.IsDir()
+}
+
+// cpuDir is the CPU controller's directory of a cgroup path.
+func cpuDir(path string) string {
+	if v2() {
+		return filepath.Join(cgroupRoot, path)
+	}
+	return filepath.Join(cgroupRoot, "cpu", path)
 }
 
 // removeCgroups removes the sandbox's (empty) cgroup directories, which a

@@ -40,6 +40,7 @@ type Runtime struct {
 	watch watcher
 	bases heldBases     // of images on tmpfs (bases.go)
 	ahead restoresAhead // restores started before their image is known (ahead.go)
+	bg    string        // cgroup.procs where Background sandboxes' runsc commands run (background.go)
 }
 
 var _ sandbox.Runtime = (*Runtime)(nil)
@@ -61,7 +62,7 @@ func New(cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("creating runsc root: %w", err)
 		}
 	}
-	r := &Runtime{cfg: cfg, build: build}
+	r := &Runtime{cfg: cfg, build: build, bg: backgroundCgroup(cfg.CgroupParent)}
 	r.ahead.supported = aheadSupported(cfg.Runsc)
 	return r, nil
 }
@@ -177,7 +178,15 @@ func (r *Runtime) detached(ctx context.Context, phase string, s sandbox.Spec, ou
 	cmd := exec.CommandContext(rctx, r.cfg.Runsc, r.detachedFlags(s, args...)...)
 	cmd.SysProcAttr = diesWithDaemon()
 	cmd.Stdout, cmd.Stderr = out, out
-	return r.detachedDone(ctx, s, args[0], cmd.Run())
+	err := cmd.Start()
+	if err == nil {
+		if s.Background && r.bg != "" {
+			// Best effort: at the normal share if it fails.
+			_ = os.WriteFile(r.bg, []byte(strconv.Itoa(cmd.Process.Pid)), 0)
+		}
+		err = cmd.Wait()
+	}
+	return r.detachedDone(ctx, s, args[0], err)
 }
 
 // detachedTimeout bounds a runsc command that leaves a sandbox behind.
@@ -225,6 +234,10 @@ func (r *Runtime) Prepare(ctx context.Context, s sandbox.Spec) error {
 	defer out.Close()
 	if err := r.detached(ctx, "runsc-create", s, out, "create", "--bundle="+s.BundleDir, pidFile(s.BundleDir), s.RuntimeID); err != nil {
 		return err
+	}
+	if s.Background {
+		// Idle until Foreground (cgroup.go); best effort.
+		_ = writeCgroupIdle(cpuDir(filepath.Join(r.cfg.CgroupParent, s.RuntimeID)), true)
 	}
 	r.startAhead(s, out)
 	return nil
@@ -435,6 +448,14 @@ func (r *Runtime) processes() map[string][]int {
 func (r *Runtime) SetPidsMax(_ context.Context, id string, pidsMax int) error {
 	if err := writeCgroupPids(filepath.Join(r.cfg.CgroupParent, id), hostPids(pidsMax)); err != nil {
 		return fmt.Errorf("setting the pids limit of sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Foreground gives a Background sandbox the normal CPU share.
+func (r *Runtime) Foreground(_ context.Context, id string) error {
+	if err := writeCgroupNormalWeight(filepath.Join(r.cfg.CgroupParent, id)); err != nil {
+		return fmt.Errorf("raising the CPU weight of sandbox %s: %w", id, err)
 	}
 	return nil
 }

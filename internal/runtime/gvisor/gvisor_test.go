@@ -573,3 +573,76 @@ func checkpointTo(t *testing.T, r *Runtime, id, dir string) {
 		t.Fatalf("checkpoint of %s: %v", id, err)
 	}
 }
+
+// A Background sandbox's sentry runs in a cgroup of the lowest CPU weight
+// until Foreground gives it the normal one.
+func TestBackgroundWeight(t *testing.T) {
+	r := newTestRuntime(t)
+	ctx := context.Background()
+	path := func(id string) string { return filepath.Join(r.cfg.CgroupParent, id) }
+	shares := func(id string) string {
+		t.Helper()
+		file := filepath.Join(cgroupRoot, "cpu", path(id), "cpu.shares")
+		if v2() {
+			file = filepath.Join(cgroupRoot, path(id), "cpu.weight")
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	low, normal := "2", "1024"
+	if v2() {
+		low, normal = "1", "100" // runsc converts shares to a weight
+	}
+	bg := spec(t, randomID(), newNet(t), "/bin/sh", "-c", "exec sleep 1000")
+	bg.Background = true
+	fg := spec(t, randomID(), newNet(t), "/bin/sh", "-c", "exec sleep 1000")
+	for _, s := range []sandbox.Spec{bg, fg} {
+		if err := r.Prepare(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = r.Destroy(ctx, s.RuntimeID) })
+	}
+	// The weight is the sentry's: it runs in the sandbox's cgroup.
+	pid, err := os.ReadFile(filepath.Join(bg.BundleDir, "pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg, err := os.ReadFile(filepath.Join("/proc", strings.TrimSpace(string(pid)), "cgroup"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(cg), path(bg.RuntimeID)+"\n") {
+		t.Errorf("the sentry is not in the sandbox's cgroup %s:\n%s", path(bg.RuntimeID), cg)
+	}
+	// Idle where the kernel has cpu.idle (the weight then reads 3), else
+	// the lowest weight.
+	idle := func(id string) string {
+		b, _ := os.ReadFile(filepath.Join(cpuDir(path(id)), "cpu.idle"))
+		return strings.TrimSpace(string(b))
+	}
+	if got := idle(bg.RuntimeID); got != "1" && got != "" {
+		t.Errorf("background sandbox's cpu.idle %q, want 1", got)
+	} else if got := shares(bg.RuntimeID); idle(bg.RuntimeID) == "" && got != low {
+		t.Errorf("background sandbox's weight %s, want %s", got, low)
+	}
+	// Its `runsc create` ran in the idle cgroup for such commands.
+	if r.bg == "" {
+		t.Error("no cgroup for background sandboxes' runsc commands")
+	} else if got := idle("background"); got != "1" && idle(bg.RuntimeID) == "1" {
+		t.Errorf("cpu.idle of %s is %q, want 1", r.bg, got)
+	}
+	for _, s := range []sandbox.Spec{bg, fg} {
+		if err := r.Foreground(ctx, s.RuntimeID); err != nil {
+			t.Fatal(err)
+		}
+		if got := shares(s.RuntimeID); got != normal {
+			t.Errorf("weight %s after Foreground, want %s", got, normal)
+		}
+		if got := idle(s.RuntimeID); got == "1" {
+			t.Error("idle after Foreground")
+		}
+	}
+}

@@ -83,6 +83,7 @@ type ociMemory struct {
 type ociCPU struct {
 	Quota  int64  `json:"quota"`
 	Period uint64 `json:"period"`
+	Shares uint64 `json:"shares,omitempty"`
 }
 
 type ociPids struct {
@@ -104,12 +105,25 @@ var caps = []string{
 
 const cpuPeriod = 100000 // µs
 
+// sharesBackground is the CPU weight (cgroup v1 cpu.shares; runsc converts
+// it for v2) of a Background sandbox: the lowest the kernel takes, 1/512
+// of a running sandbox's when both want the CPUs.
+const sharesBackground = 2
+
 // hostPids is the host pids cgroup limit of a sandbox that allows pidsMax
 // processes inside. It bounds gVisor's own threads and systrap stub
 // processes, not the sandbox's processes (RLIMIT_NPROC does that inside):
 // it needs headroom, or a fork bomb starves the sentry of threads and kills
 // it.
 func hostPids(pidsMax int) int64 { return int64(4*pidsMax + 1024) }
+
+// shares is a sandbox's CPU weight in its spec: 0 leaves the default.
+func shares(background bool) uint64 {
+	if background {
+		return sharesBackground
+	}
+	return 0
+}
 
 // shmMount is /dev/shm: a tmpfs in sandbox memory, like the root overlay,
 // of half the disk size (as Linux sizes a tmpfs at half of RAM), so that
@@ -156,7 +170,7 @@ func ociSpec(s sandbox.Spec, cgroupsPath string) ociConfig {
 			},
 			Resources: ociResources{
 				Memory: ociMemory{Limit: int64(s.Limits.MemoryMB) << 20},
-				CPU:    ociCPU{Quota: int64(s.Limits.CPUCount) * cpuPeriod, Period: cpuPeriod},
+				CPU:    ociCPU{Quota: int64(s.Limits.CPUCount) * cpuPeriod, Period: cpuPeriod, Shares: shares(s.Background)},
 				Pids:   ociPids{Limit: hostPids(s.Limits.PidsMax)},
 			},
 			CgroupsPath: cgroupsPath,
