@@ -235,12 +235,18 @@ func (r *Runtime) Prepare(ctx context.Context, s sandbox.Spec) error {
 	if err := r.detached(ctx, "runsc-create", s, out, "create", "--bundle="+s.BundleDir, pidFile(s.BundleDir), s.RuntimeID); err != nil {
 		return err
 	}
-	if s.Background {
-		// Idle until Foreground (cgroup.go); best effort.
-		_ = writeCgroupIdle(cpuDir(filepath.Join(r.cfg.CgroupParent, s.RuntimeID)), true)
-	}
+	r.idleIfBackground(s)
 	r.startAhead(s, out)
 	return nil
+}
+
+// idleIfBackground makes a Background sandbox's CPU cgroup idle until
+// Foreground (cgroup.go), once runsc has made it; best effort: its spec's
+// weight is the lowest already.
+func (r *Runtime) idleIfBackground(s sandbox.Spec) {
+	if s.Background {
+		_ = writeCgroupIdle(cpuDir(filepath.Join(r.cfg.CgroupParent, s.RuntimeID)), true)
+	}
 }
 
 // Restore starts a sandbox from a checkpoint image. If s.RuntimeID was
@@ -257,7 +263,11 @@ func (r *Runtime) Restore(ctx context.Context, s sandbox.Spec, image string, pre
 			return err
 		}
 		defer out.Close()
-		return r.detached(ctx, "restore", s, out, "restore", "--detach", "--image-path="+image, "--bundle="+s.BundleDir, pidFile(s.BundleDir), s.RuntimeID)
+		if err := r.detached(ctx, "restore", s, out, "restore", "--detach", "--image-path="+image, "--bundle="+s.BundleDir, pidFile(s.BundleDir), s.RuntimeID); err != nil {
+			return err
+		}
+		r.idleIfBackground(s)
+		return nil
 	}
 	if done, err := r.restoreAhead(ctx, s, image); done {
 		return err

@@ -168,6 +168,18 @@ func TestCheckpointRestorePause(t *testing.T) {
 	if err := r.Restore(ctx, cs, img, true); err != nil {
 		t.Fatal(err)
 	}
+	// A Background restore with no prepared sandbox: idle once made.
+	bg := spec(t, randomID(), newNet(t), "/bin/sh", "-c", "exec sleep 1000")
+	bg.Background = true
+	if err := r.Restore(ctx, bg, img, false); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Destroy(ctx, bg.RuntimeID)
+	if b, err := os.ReadFile(filepath.Join(cpuDir(filepath.Join(r.cfg.CgroupParent, bg.RuntimeID)), "cpu.idle")); err == nil && strings.TrimSpace(string(b)) != "1" {
+		t.Errorf("cpu.idle of a Background restore %q, want 1", strings.TrimSpace(string(b)))
+	} else if err != nil && !os.IsNotExist(err) {
+		t.Error(err)
+	}
 	if got := r.execOut(t, child, "cat", "/tmp/file"); got != "state\n" {
 		t.Errorf("restored file = %q", got)
 	}
