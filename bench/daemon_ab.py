@@ -6,7 +6,7 @@ run_code after the answer, and the new sandbox's CPU (its cgroup's
 cpuacct.usage from its shell's creation to its first run_code answered),
 which the machine's load moves far less than the wall times.
 
-    bench/daemon_ab.py [--n 12] [--busy | --wake] [--code CODE] A=URL,KEY,DATA_DIR[,READY] B=...
+    bench/daemon_ab.py [--n 12] [--busy | --commands | --wake] [--code CODE] A=URL,KEY,DATA_DIR[,READY] B=...
 
 READY is the side's --pool-ready (2 by default): each sample waits until
 both pools hold their ready sandboxes and all their shells.
@@ -22,6 +22,13 @@ per CPU of this machine) while the pool is full, then again right after as
 many pool hits as the pool holds ready sandboxes (their refills, and the
 shells' those restores took, start then), and how long the pool takes to
 be full again.
+
+--commands measures instead what processes cost inside a running sandbox:
+fork(2) and exit in a Python loop, posix_spawn of /bin/true, a bash loop
+of `sleep 0` (fork and exec), and how late a background command of the E2B
+SDK (`sleep 1 && echo $EPOCHREALTIME > f`, as E2B's "pause and resume a
+sandbox with completed long running process" test runs) writes its file
+after 1 s past the SDK's return.
 
 --wake measures instead the wake of a sandbox suspended in the chunk
 store: a pool hit, 1 s, a pause with spill, its upload awaited (a single
@@ -74,6 +81,42 @@ def wake(s, quiet):
     return st
 
 
+PROC_CODE = """
+import os, subprocess, time
+def per(f, n):
+    t = time.perf_counter()
+    for _ in range(n):
+        f()
+    return (time.perf_counter() - t) * 1e3 / n
+def fork():
+    p = os.fork()
+    if p == 0:
+        os._exit(0)
+    os.waitpid(p, 0)
+def spawn():
+    os.waitpid(os.posix_spawn("/bin/true", ["/bin/true"], {}), 0)
+t = time.perf_counter()
+subprocess.run(["bash", "-c", "for i in $(seq 20); do sleep 0; done"], check=True)
+print(per(fork, 20), per(spawn, 20), (time.perf_counter() - t) * 1e3 / 20)
+"""
+
+
+def commands(s, quiet):
+    """Processes inside the side's running sandbox: fork, spawn, a bash
+    fork and exec; and a background command's lateness through envd."""
+    from e2b import Sandbox
+    api, sb, st = s["api"], s["sb"], {}
+    quiet(s)
+    fk, sp, sh = (float(v) for v in api.run_code(sb, PROC_CODE).split())
+    st["fork(2) and exit, Python (per process)"], st["posix_spawn /bin/true"], st["bash: sleep 0 (fork and exec)"] = fk, sp, sh
+    e = Sandbox.connect(sb["sandboxID"], api_key=s["key"], api_url=s["url"], sandbox_url=s["url"])
+    e.commands.run("sleep 1 && echo $EPOCHREALTIME > /tmp/late", background=True)
+    t = time.time()
+    time.sleep(1.5)
+    st["background `sleep 1 && echo`: its write after 1 s past the return"] = (float(e.files.read("/tmp/late")) - t) * 1e3 - 1000
+    return st
+
+
 BUSY_CODE = "print(sum(i * i for i in range(1_500_000)) > 0)"
 
 
@@ -102,11 +145,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=12, help="rounds (fork(5) runs in every other one)")
     ap.add_argument("--busy", action="store_true", help="what the pool's refills take from a running sandbox instead")
+    ap.add_argument("--commands", action="store_true", help="processes inside a running sandbox instead")
     ap.add_argument("--wake", action="store_true", help="the wake of a sandbox suspended in the chunk store instead")
     ap.add_argument("--code", default="print(x + 1)", help="each new sandbox's first run_code; must print 42")
     ap.add_argument("sides", nargs=2, help="NAME=URL,KEY,DATA_DIR[,READY]")
     args = ap.parse_args()
-    sides = [fork.side(a, rows={"snap": [], "fork1": [], "fork5": [], "wake": [], "busy": []}) for a in args.sides]
+    sides = [fork.side(a, rows={"snap": [], "fork1": [], "fork5": [], "wake": [], "busy": [], "commands": []}) for a in args.sides]
     for s in sides:
         s["ready"] = 2 if s["ready"] is None else s["ready"]
 
@@ -132,8 +176,9 @@ def main():
         for s in (sides if i % 2 == 0 else sides[::-1]):
             api, sb = s["api"], s["sb"]
             fork.use(s)
-            if args.wake or args.busy:
-                s["rows"]["wake" if args.wake else "busy"].append((wake if args.wake else busy)(s, quiet))
+            mode = "wake" if args.wake else "busy" if args.busy else "commands" if args.commands else None
+            if mode:
+                s["rows"][mode].append({"wake": wake, "busy": busy, "commands": commands}[mode](s, quiet))
                 continue
             fid = api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})[0]["snapshotID"]
             quiet(s, ready=0)
@@ -166,6 +211,7 @@ def main():
     print(f"daemon A/B — {time.strftime('%Y-%m-%d %H:%M')} — load average {load0:.1f} at start / "
           f"{os.getloadavg()[0]:.1f} at end, {time.time() - t_start:.0f} s; p50 in ms, sides alternating\n")
     ops = (("wake", "wake from the chunk store"),) if args.wake else (("busy", "a running sandbox while the pool refills"),) if args.busy else (
+        ("commands", "processes inside a running sandbox"),) if args.commands else (
         ("snap", "create from a fresh snapshot"), ("fork1", "fork(1)"), ("fork5", "fork(5)"))
     for op, title in ops:
         keys = []
