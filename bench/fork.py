@@ -79,7 +79,7 @@ DATA = os.environ["CELLFORK_DATA_DIR"]
 ROOT = os.path.join(DATA, "runsc")
 # The daemon's global runsc flags (internal/runtime/gvisor/gvisor.go); main
 # replaces them with those read off the daemon's own sandbox processes.
-FLAGS = ["--platform=systrap", "--systrap-disable-fast-path", "--network=sandbox", "--overlay2=root:memory",
+FLAGS = ["--platform=systrap", "--network=sandbox", "--overlay2=root:memory",
          "--host-settings=ignore", "--restore-spec-validation=warning"]
 
 SEEDS = {

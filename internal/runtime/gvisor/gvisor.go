@@ -87,13 +87,6 @@ func (r *Runtime) globalFlags(logFile string, diskMB int, writableRoot bool) []s
 	f := []string{
 		"--root=" + r.cfg.Root,
 		"--platform=systrap",
-		// No spinning: systrap's fast path has the sentry and the stub
-		// threads poll for each other's events, which under a sandbox's
-		// CPU quota spends the quota and gets the sandbox throttled (a
-		// loop of fork and exec in a 1-CPU sandbox: throttled 19 of 20
-		// periods, 0.7 s of 2; 0.75-0.8x its time without the fast
-		// path, docs/benchmarks.md).
-		"--systrap-disable-fast-path",
 		"--network=sandbox",
 		overlay,
 		"--host-settings=ignore",
