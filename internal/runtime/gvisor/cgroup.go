@@ -108,6 +108,24 @@ func writeCgroupIdle(dir string, idle bool) error {
 	return err
 }
 
+// writeCgroupBurst lets the tasks of a CPU cgroup directory spend, on top
+// of a period's quota, up to us of the quota they left unused in earlier
+// periods (Linux 5.14's cpu.cfs_burst_us, v2 cpu.max.burst; at most the
+// quota). A sandbox idle between commands then runs one on every CPU
+// instead of being frozen for the rest of the period once its quota is
+// spent. A kernel without it is no error.
+func writeCgroupBurst(dir string, us int64) error {
+	file := "cpu.cfs_burst_us"
+	if v2() {
+		file = "cpu.max.burst"
+	}
+	err := os.WriteFile(filepath.Join(dir, file), []byte(strconv.FormatInt(us, 10)), 0)
+	if errors.Is(err, os.ErrNotExist) && dirExists(dir) {
+		return nil
+	}
+	return err
+}
+
 func dirExists(dir string) bool {
 	st, err := os.Stat(dir)
 	return err == nil && st.IsDir()

@@ -220,7 +220,11 @@ func (r *Runtime) Start(ctx context.Context, s sandbox.Spec) error {
 		return err
 	}
 	defer out.Close()
-	return r.detached(ctx, "runsc", s, out, "run", "--detach", "--bundle="+s.BundleDir, pidFile(s.BundleDir), s.RuntimeID)
+	if err := r.detached(ctx, "runsc", s, out, "run", "--detach", "--bundle="+s.BundleDir, pidFile(s.BundleDir), s.RuntimeID); err != nil {
+		return err
+	}
+	r.shapeCPU(s)
+	return nil
 }
 
 // Prepare creates a sandbox that runs nothing yet (sentry, gofer, cgroups
@@ -235,17 +239,20 @@ func (r *Runtime) Prepare(ctx context.Context, s sandbox.Spec) error {
 	if err := r.detached(ctx, "runsc-create", s, out, "create", "--bundle="+s.BundleDir, pidFile(s.BundleDir), s.RuntimeID); err != nil {
 		return err
 	}
-	r.idleIfBackground(s)
+	r.shapeCPU(s)
 	r.startAhead(s, out)
 	return nil
 }
 
-// idleIfBackground makes a Background sandbox's CPU cgroup idle until
-// Foreground (cgroup.go), once runsc has made it; best effort: its spec's
-// weight is the lowest already.
-func (r *Runtime) idleIfBackground(s sandbox.Spec) {
+// shapeCPU gives a sandbox's CPU cgroup, once runsc has made it, what its
+// OCI spec cannot say (cgroup.go): a burst of a whole period's quota, and
+// idle until Foreground if Background. Best effort: without them the
+// quota and the spec's weight still hold.
+func (r *Runtime) shapeCPU(s sandbox.Spec) {
+	dir := cpuDir(filepath.Join(r.cfg.CgroupParent, s.RuntimeID))
+	_ = writeCgroupBurst(dir, cpuQuota(s))
 	if s.Background {
-		_ = writeCgroupIdle(cpuDir(filepath.Join(r.cfg.CgroupParent, s.RuntimeID)), true)
+		_ = writeCgroupIdle(dir, true)
 	}
 }
 
@@ -266,7 +273,7 @@ func (r *Runtime) Restore(ctx context.Context, s sandbox.Spec, image string, pre
 		if err := r.detached(ctx, "restore", s, out, "restore", "--detach", "--image-path="+image, "--bundle="+s.BundleDir, pidFile(s.BundleDir), s.RuntimeID); err != nil {
 			return err
 		}
-		r.idleIfBackground(s)
+		r.shapeCPU(s)
 		return nil
 	}
 	if done, err := r.restoreAhead(ctx, s, image); done {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -141,8 +142,8 @@ func TestCheckpointRestorePause(t *testing.T) {
 	r := newTestRuntime(t)
 	ctx := context.Background()
 	parent := randomID()
-	err := r.Start(ctx, spec(t, parent, newNet(t), "/bin/sh", "-c", "echo $$ > /tmp/pid; echo state > /tmp/file; exec sleep 1000"))
-	if err != nil {
+	ps := spec(t, parent, newNet(t), "/bin/sh", "-c", "echo $$ > /tmp/pid; echo state > /tmp/file; exec sleep 1000")
+	if err := r.Start(ctx, ps); err != nil {
 		t.Fatal(err)
 	}
 	defer r.Destroy(ctx, parent)
@@ -175,6 +176,11 @@ func TestCheckpointRestorePause(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Destroy(ctx, bg.RuntimeID)
+	// Each way runsc makes a cgroup (run, create, restore) leaves it a
+	// burst of a period's quota.
+	for _, s := range []sandbox.Spec{ps, cs, bg} {
+		checkBurst(t, r, s)
+	}
 	if b, err := os.ReadFile(filepath.Join(cpuDir(filepath.Join(r.cfg.CgroupParent, bg.RuntimeID)), "cpu.idle")); err == nil && strings.TrimSpace(string(b)) != "1" {
 		t.Errorf("cpu.idle of a Background restore %q, want 1", strings.TrimSpace(string(b)))
 	} else if err != nil && !os.IsNotExist(err) {
@@ -583,6 +589,23 @@ func checkpointTo(t *testing.T, r *Runtime, id, dir string) {
 	}
 	if err := r.Checkpoint(context.Background(), id, dir, true); err != nil {
 		t.Fatalf("checkpoint of %s: %v", id, err)
+	}
+}
+
+// checkBurst fails t unless s's CPU cgroup may burst a period's quota
+// (where the kernel has the file).
+func checkBurst(t *testing.T, r *Runtime, s sandbox.Spec) {
+	t.Helper()
+	file := "cpu.cfs_burst_us"
+	if v2() {
+		file = "cpu.max.burst"
+	}
+	b, err := os.ReadFile(filepath.Join(cpuDir(filepath.Join(r.cfg.CgroupParent, s.RuntimeID)), file))
+	if os.IsNotExist(err) && dirExists(cpuDir(filepath.Join(r.cfg.CgroupParent, s.RuntimeID))) {
+		return
+	}
+	if want := strconv.FormatInt(cpuQuota(s), 10); err != nil || strings.TrimSpace(string(b)) != want {
+		t.Errorf("%s of sandbox %s: %q, %v; want %s", file, s.RuntimeID, strings.TrimSpace(string(b)), err, want)
 	}
 }
 

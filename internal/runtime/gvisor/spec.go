@@ -105,6 +105,9 @@ var caps = []string{
 
 const cpuPeriod = 100000 // µs
 
+// cpuQuota is the sandbox's CPU time per cpuPeriod, in µs.
+func cpuQuota(s sandbox.Spec) int64 { return int64(s.Limits.CPUCount) * cpuPeriod }
+
 // sharesBackground is the CPU weight (cgroup v1 cpu.shares; runsc converts
 // it for v2) of a Background sandbox: the lowest the kernel takes, 1/512
 // of a running sandbox's when both want the CPUs.
@@ -170,7 +173,7 @@ func ociSpec(s sandbox.Spec, cgroupsPath string) ociConfig {
 			},
 			Resources: ociResources{
 				Memory: ociMemory{Limit: int64(s.Limits.MemoryMB) << 20},
-				CPU:    ociCPU{Quota: int64(s.Limits.CPUCount) * cpuPeriod, Period: cpuPeriod, Shares: shares(s.Background)},
+				CPU:    ociCPU{Quota: cpuQuota(s), Period: cpuPeriod, Shares: shares(s.Background)},
 				Pids:   ociPids{Limit: hostPids(s.Limits.PidsMax)},
 			},
 			CgroupsPath: cgroupsPath,
