@@ -101,11 +101,7 @@ func writeCgroupIdle(dir string, idle bool) error {
 	if idle {
 		v = "1"
 	}
-	err := os.WriteFile(filepath.Join(dir, "cpu.idle"), []byte(v), 0)
-	if errors.Is(err, os.ErrNotExist) && dirExists(dir) {
-		return nil
-	}
-	return err
+	return writeIfKernelHas(dir, "cpu.idle", v)
 }
 
 // writeCgroupBurst lets the tasks of a CPU cgroup directory spend, on top
@@ -115,11 +111,20 @@ func writeCgroupIdle(dir string, idle bool) error {
 // instead of being frozen for the rest of the period once its quota is
 // spent. A kernel without it is no error.
 func writeCgroupBurst(dir string, us int64) error {
-	file := "cpu.cfs_burst_us"
+	return writeIfKernelHas(dir, burstFile(), strconv.FormatInt(us, 10))
+}
+
+func burstFile() string {
 	if v2() {
-		file = "cpu.max.burst"
+		return "cpu.max.burst"
 	}
-	err := os.WriteFile(filepath.Join(dir, file), []byte(strconv.FormatInt(us, 10)), 0)
+	return "cpu.cfs_burst_us"
+}
+
+// writeIfKernelHas writes a cgroup file that an older kernel does not
+// have: its absence from a directory that exists is no error.
+func writeIfKernelHas(dir, file, v string) error {
+	err := os.WriteFile(filepath.Join(dir, file), []byte(v), 0)
 	if errors.Is(err, os.ErrNotExist) && dirExists(dir) {
 		return nil
 	}

@@ -596,12 +596,9 @@ func checkpointTo(t *testing.T, r *Runtime, id, dir string) {
 // (where the kernel has the file).
 func checkBurst(t *testing.T, r *Runtime, s sandbox.Spec) {
 	t.Helper()
-	file := "cpu.cfs_burst_us"
-	if v2() {
-		file = "cpu.max.burst"
-	}
-	b, err := os.ReadFile(filepath.Join(cpuDir(filepath.Join(r.cfg.CgroupParent, s.RuntimeID)), file))
-	if os.IsNotExist(err) && dirExists(cpuDir(filepath.Join(r.cfg.CgroupParent, s.RuntimeID))) {
+	dir, file := cpuDir(filepath.Join(r.cfg.CgroupParent, s.RuntimeID)), burstFile()
+	b, err := os.ReadFile(filepath.Join(dir, file))
+	if os.IsNotExist(err) && dirExists(dir) {
 		return
 	}
 	if want := strconv.FormatInt(cpuQuota(s), 10); err != nil || strings.TrimSpace(string(b)) != want {
