@@ -141,6 +141,15 @@ def busy(s, quiet):
     return st
 
 
+# The flags that measure something else instead, in the order that picks
+# one when several are given: each one's function and its table's title.
+MODES = {
+    "wake": (wake, "wake from the chunk store"),
+    "busy": (busy, "a running sandbox while the pool refills"),
+    "commands": (commands, "processes inside a running sandbox"),
+}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=12, help="rounds (fork(5) runs in every other one)")
@@ -150,7 +159,9 @@ def main():
     ap.add_argument("--code", default="print(x + 1)", help="each new sandbox's first run_code; must print 42")
     ap.add_argument("sides", nargs=2, help="NAME=URL,KEY,DATA_DIR[,READY]")
     args = ap.parse_args()
-    sides = [fork.side(a, rows={"snap": [], "fork1": [], "fork5": [], "wake": [], "busy": [], "commands": []}) for a in args.sides]
+    # The one measurement other than the restore paths, if a flag asks for it.
+    mode = next((m for m in MODES if getattr(args, m)), None)
+    sides = [fork.side(a, rows={k: [] for k in ("snap", "fork1", "fork5", *MODES)}) for a in args.sides]
     for s in sides:
         s["ready"] = 2 if s["ready"] is None else s["ready"]
 
@@ -176,9 +187,8 @@ def main():
         for s in (sides if i % 2 == 0 else sides[::-1]):
             api, sb = s["api"], s["sb"]
             fork.use(s)
-            mode = "wake" if args.wake else "busy" if args.busy else "commands" if args.commands else None
             if mode:
-                s["rows"][mode].append({"wake": wake, "busy": busy, "commands": commands}[mode](s, quiet))
+                s["rows"][mode].append(MODES[mode][0](s, quiet))
                 continue
             fid = api.call("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})[0]["snapshotID"]
             quiet(s, ready=0)
@@ -210,8 +220,7 @@ def main():
             s["api"].kill(sb)
     print(f"daemon A/B — {time.strftime('%Y-%m-%d %H:%M')} — load average {load0:.1f} at start / "
           f"{os.getloadavg()[0]:.1f} at end, {time.time() - t_start:.0f} s; p50 in ms, sides alternating\n")
-    ops = (("wake", "wake from the chunk store"),) if args.wake else (("busy", "a running sandbox while the pool refills"),) if args.busy else (
-        ("commands", "processes inside a running sandbox"),) if args.commands else (
+    ops = ((mode, MODES[mode][1]),) if mode else (
         ("snap", "create from a fresh snapshot"), ("fork1", "fork(1)"), ("fork5", "fork(5)"))
     for op, title in ops:
         keys = []
