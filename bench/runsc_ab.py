@@ -18,6 +18,13 @@ alternating A and B sample by sample so that both see the same machine:
   from the image and used once (a snapshot's, fork's or spill's work: what
   the daemon checkpoints is always restored), and the image's own size;
 * pss: PSS of a restored, idle sandbox (sentry + gofer), 2 s after restore;
+* create (not by default): `runsc create` of a new container (a prepared
+  shell's making; the network namespace before it untimed), its cgroup's
+  CPU 1 s later (sentry, gofer, prewarmer), and steps of the sentry's boot
+  timer, which it logs once started (the side's image is restored into
+  the shell after, untimed): from its start to its parent's
+  notification, and the steps that once waited on threads (the bounding
+  set, the fd table) or allocated (the trace points);
 * pooled (not by default): what a sandbox from the daemon's warm pool
   does: the side's image restored into a pre-created container and handed
   off (POST /init), left idle for --idle seconds, then its first run_code
@@ -316,6 +323,52 @@ def one_restore(side, flags=(), image=None):
         raise
 
 
+BOOT_STEPS = ("bounding set trimmed on all threads", "host FD table grown", "seccheck initialized",
+              "systrap source process created")
+BOOT_STEP = re.compile(r"├─ (.+?): ([0-9][0-9 .]*(?:µs|ms|s))$")
+
+
+def boot_steps(files):
+    """The sentry's boot timer ("Timer for runsc boot"): BOOT_STEPS' times,
+    and the sum of its steps up to "notifying parent" (ms)."""
+    got, total = {}, 0.0
+    for f in files:
+        for line in open(f, errors="replace"):
+            if not (m := BOOT_STEP.search(line.rstrip())):
+                continue
+            name, t = m.group(1), to_ms(m.group(2).replace(" ", ""))
+            total += t
+            if name in BOOT_STEPS:
+                got[f"boot: {name}"] = t
+            if name == "notifying parent":
+                got["boot: its start to the parent's notification"] = total
+                return got
+    return got
+
+
+def one_create(side):
+    """`runsc create` of a new container: its time, its cgroup's CPU 1 s
+    later, and the sentry's boot steps."""
+    with thp(side.thp):
+        cid = side.raw.setup(side.spec, prepared=False)
+    try:
+        b = side.raw.live[cid][1]
+        with open(os.path.join(b, "console.log"), "a") as out:
+            t = side.raw.runsc(side.raw.root, "create", f"--bundle={b}", cid, out=out, log_to=os.path.join(b, "runsc.log"))
+        time.sleep(1)
+        c = cpu_ms(cid)
+        # The sentry logs its boot timer once it starts: restore the side's
+        # image into the shell (untimed).
+        restore_into(side, cid, side.image)
+        time.sleep(0.5)  # the timer is logged once the kernel runs
+        ph = boot_steps(logs_of(side, cid))
+        if c is not None:
+            ph["its cgroup's CPU 1 s after (sentry, gofer; ms)"] = c
+        return t, ph
+    finally:
+        side.raw.delete(cid)
+
+
 def cpu_ms(cid):
     """CPU time (ms) the container's cgroup has used (sentry, gofer, stubs;
     Raw.setup's cgroupsPath), or None. Less sensitive to the machine's load
@@ -498,7 +551,7 @@ def main():
     ap.add_argument("--thp", choices=["a", "b", "both", "none"], default="none", help="which side runs with host shmem huge pages")
     ap.add_argument("--n", type=int, default=10, help="samples per side and operation")
     ap.add_argument("--fork", type=int, default=5, help="parallel restores in the fork row")
-    ap.add_argument("--ops", default="restore,fork,checkpoint,pss", help="comma-separated subset of restore,fork,checkpoint,pss,diff,pooled,diffinit")
+    ap.add_argument("--ops", default="restore,fork,checkpoint,pss", help="comma-separated subset of restore,fork,checkpoint,pss,diff,pooled,diffinit,create")
     ap.add_argument("--idle", type=float, default=2.0, help="seconds a pooled sandbox idles after its hand-off")
     args = ap.parse_args()
     ops = args.ops.split(",")
@@ -511,7 +564,7 @@ def main():
     if src is None:
         raise SystemExit("the daemon has no ready sandbox to take a bundle from")
     t_start, load0 = time.time(), os.getloadavg()[0]
-    res = {s.name: {"restore": [], "rphase": [], "diff": [], "dphase": [], "fork": [], "ckpt": [], "size": [], "sphase": [], "pss": [], "uss": [], "pooled": [], "pphase": [], "dinit": [], "diphase": []} for s in sides}
+    res = {s.name: {"create": [], "cphase": [], "restore": [], "rphase": [], "diff": [], "dphase": [], "fork": [], "ckpt": [], "size": [], "sphase": [], "pss": [], "uss": [], "pooled": [], "pphase": [], "dinit": [], "diphase": []} for s in sides}
     timers, procs = {}, {}
     try:
         for s in sides:
@@ -534,6 +587,10 @@ def main():
             order = sides if i % 2 == 0 else sides[::-1]
             for s in order:
                 r = res[s.name]
+                if "create" in ops:
+                    t, ph = one_create(s)
+                    r["create"].append(t)
+                    r["cphase"].append(ph)
                 if "restore" in ops:
                     t, ph, files, cid = one_restore(s)
                     r["restore"].append(t)
@@ -591,6 +648,8 @@ def main():
                 t.add(f"  · A: {name}", xa)
                 t.add(f"  · B: {name}", xb, xa or None)
 
+    pair("`runsc create` of a new container (a prepared shell)", "create")
+    phase_pair("cphase", [])
     pair("`runsc restore` into a pre-created container", "restore")
     phase_pair("rphase", PHASES_RESTORE)
     pair("`runsc restore` of a diff image (a checkpoint of a restored sandbox) into a pre-created container", "diff")
