@@ -349,11 +349,10 @@ def boot_steps(files):
 def one_create(side):
     """`runsc create` of a new container: its time, its cgroup's CPU 1 s
     later, and the sentry's boot steps."""
-    with thp(side.thp):
-        cid = side.raw.setup(side.spec, prepared=False)
+    cid = side.raw.setup(side.spec, prepared=False)
     try:
         b = side.raw.live[cid][1]
-        with open(os.path.join(b, "console.log"), "a") as out:
+        with thp(side.thp), open(os.path.join(b, "console.log"), "a") as out:
             t = side.raw.runsc(side.raw.root, "create", f"--bundle={b}", cid, out=out, log_to=os.path.join(b, "runsc.log"))
         time.sleep(1)
         c = cpu_ms(cid)
