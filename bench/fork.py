@@ -383,9 +383,14 @@ class Raw:
         os.makedirs(b)
         json.dump(spec, open(os.path.join(b, "config.json"), "w"))
         if prepared:
-            with open(os.path.join(b, "console.log"), "a") as out:
-                self.runsc(self.root, "create", f"--bundle={b}", cid, out=out, log_to=os.path.join(b, "runsc.log"))
+            self.create(cid)
         return cid
+
+    def create(self, cid):
+        """`runsc create` of container cid set up by setup; its time."""
+        b = self.live[cid][1]
+        with open(os.path.join(b, "console.log"), "a") as out:
+            return self.runsc(self.root, "create", f"--bundle={b}", cid, out=out, log_to=os.path.join(b, "runsc.log"))
 
     def restore(self, cid, image):
         b = self.live[cid][1]

@@ -351,9 +351,8 @@ def one_create(side):
     later, and the sentry's boot steps."""
     cid = side.raw.setup(side.spec, prepared=False)
     try:
-        b = side.raw.live[cid][1]
-        with thp(side.thp), open(os.path.join(b, "console.log"), "a") as out:
-            t = side.raw.runsc(side.raw.root, "create", f"--bundle={b}", cid, out=out, log_to=os.path.join(b, "runsc.log"))
+        with thp(side.thp):
+            t = side.raw.create(cid)
         time.sleep(1)
         c = cpu_ms(cid)
         # The sentry logs its boot timer once it starts: restore the side's
